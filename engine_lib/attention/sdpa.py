@@ -1,0 +1,44 @@
+"""Ragged attention with torch SDPA, without padding.
+
+Sequences of equal length are gathered into one dense [group, heads, len, dim]
+call; no token is ever padded and no cross-sequence mask is materialised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class SdpaPlan:
+    groups: tuple[torch.Tensor, ...]  # each [num_seqs_in_group, seq_len] token indices
+
+
+class SdpaBackend:
+    name = "sdpa"
+
+    def __init__(self, causal: bool):
+        self.causal = causal
+
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> SdpaPlan:
+        starts = cu_seqlens[:-1].astype(np.int64)
+        lens = np.diff(cu_seqlens).astype(np.int64)
+        groups = []
+        for length in np.unique(lens):
+            group_starts = starts[lens == length]
+            index = group_starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
+            groups.append(torch.from_numpy(index).to(device))
+        return SdpaPlan(tuple(groups))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
+        out = torch.empty_like(q)
+        gqa = q.shape[1] != k.shape[1]
+        for index in plan.groups:
+            # [group, len, heads, dim] -> [group, heads, len, dim]
+            qg, kg, vg = (t[index].transpose(1, 2) for t in (q, k, v))
+            og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=self.causal, enable_gqa=gqa)
+            out[index] = og.transpose(1, 2)
+        return out

@@ -1,0 +1,41 @@
+"""PackedBatch: the scheduler <-> engine contract (flat, ragged, never padded)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    input_ids: np.ndarray   # [num_tokens] int64, all sequences concatenated
+    positions: np.ndarray   # [num_tokens] int64, position inside its sequence
+    cu_seqlens: np.ndarray  # [num_seqs + 1] int32, cu_seqlens[0] == 0
+    max_seqlen: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[np.ndarray]) -> "PackedBatch":
+        if not sequences:
+            raise ValueError("a batch needs at least one sequence")
+        lens = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        if (lens < 1).any():
+            raise ValueError("every sequence needs at least one token")
+        cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu_seqlens[1:])
+        input_ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])
+        starts = np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
+        positions = np.arange(len(input_ids), dtype=np.int64) - starts
+        return cls(input_ids, positions, cu_seqlens, int(lens.max()))

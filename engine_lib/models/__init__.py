@@ -1,0 +1,31 @@
+"""Model families, selected by `model_type` in the model folder's config.json."""
+from __future__ import annotations
+
+import json
+import os
+
+from .bert import BertModel, XLMRobertaModel
+
+MODEL_FAMILIES = {
+    "bert": BertModel,
+    "xlm-roberta": XLMRobertaModel,
+}
+
+
+def read_model_config(model_dir: str) -> dict:
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: model folder has no config.json") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def model_class(cfg: dict):
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_FAMILIES:
+        raise ValueError(f"config.json model_type {model_type!r} is not supported; "
+                         f"supported: {sorted(MODEL_FAMILIES)}")
+    return MODEL_FAMILIES[model_type]

@@ -1,0 +1,99 @@
+"""BERT encoder over packed ragged tokens (no batch dimension, no padding)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: dict, position_offset: int = 0):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], cfg["hidden_size"])
+        self.token_type_embeddings = nn.Embedding(cfg.get("type_vocab_size", 2), cfg["hidden_size"])
+        self.LayerNorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg["layer_norm_eps"])
+        self.position_offset = position_offset
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.position_offset)
+        hidden = hidden + self.token_type_embeddings.weight[0]  # single-segment input
+        return self.LayerNorm(hidden)  # [num_tokens, hidden]
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: dict, backend):
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.head_dim = hidden // self.num_heads
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.dense = nn.Linear(hidden, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=cfg["layer_norm_eps"])
+        self.backend = backend
+
+    def forward(self, hidden: torch.Tensor, plan) -> torch.Tensor:
+        shape = (hidden.shape[0], self.num_heads, self.head_dim)
+        q, k, v = (proj(hidden).view(shape) for proj in (self.query, self.key, self.value))
+        context = self.backend.forward(q, k, v, plan).reshape(hidden.shape)
+        return self.LayerNorm(hidden + self.dense(context))
+
+
+class BertMLP(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.intermediate = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"])
+        self.output = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"])
+        self.LayerNorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg["layer_norm_eps"])
+        self.act = ACTIVATIONS[cfg.get("hidden_act", "gelu")]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(hidden + self.output(self.act(self.intermediate(hidden))))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: dict, backend):
+        super().__init__()
+        self.attention = BertAttention(cfg, backend)
+        self.mlp = BertMLP(cfg)
+
+    def forward(self, hidden: torch.Tensor, plan) -> torch.Tensor:
+        return self.mlp(self.attention(hidden, plan))
+
+
+class BertModel(nn.Module):
+    causal = False
+    position_offset = 0
+    # checkpoint key fragment -> our module path fragment
+    checkpoint_renames = (
+        (".attention.self.", ".attention."),
+        (".attention.output.dense.", ".attention.dense."),
+        (".attention.output.LayerNorm.", ".attention.LayerNorm."),
+        (".intermediate.dense.", ".mlp.intermediate."),
+        (".output.dense.", ".mlp.output."),
+        (".output.LayerNorm.", ".mlp.LayerNorm."),
+    )
+    checkpoint_prefixes = ("bert.", "roberta.", "model.")
+    ignored_keys = ("pooler.", "embeddings.position_ids", "lm_head.", "cls.")
+
+    def __init__(self, cfg: dict, backend):
+        super().__init__()
+        self.embeddings = BertEmbeddings(cfg, self.position_offset)
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(BertLayer(cfg, backend) for _ in range(cfg["num_hidden_layers"]))})
+        self.max_positions = cfg["max_position_embeddings"] - self.position_offset
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
+        hidden = self.embeddings(input_ids, positions)
+        for layer in self.encoder["layer"]:
+            hidden = layer(hidden, plan)
+        return hidden  # [num_tokens, hidden]
+
+
+class XLMRobertaModel(BertModel):
+    """XLM-RoBERTa: BERT layers, positions start after padding_idx + 1 (= 2)."""
+
+    position_offset = 2

@@ -1,0 +1,94 @@
+"""Text -> token ids for the encoder: decoding, templating, truncation, checks."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from .config import TokenizerConfig
+from .errors import InputError
+from .options import RequestOptions
+
+
+def read_max_length(model_dir: str) -> int:
+    """Maximum tokens per text, as sentence-transformers would use it."""
+    st_path = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st_path):
+        with open(st_path) as f:
+            value = json.load(f).get("max_seq_length")
+        if value:
+            return int(value)
+    limits = []
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("config.json", "max_position_embeddings")):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                value = json.load(f).get(key)
+            if isinstance(value, int) and value < 1_000_000:
+                limits.append(value)
+    if not limits:
+        raise ValueError(f"{model_dir}: cannot tell the maximum sequence length")
+    return min(limits)
+
+
+class TextTokenizer:
+    def __init__(self, model_dir: str, config: TokenizerConfig, max_length: int | None = None):
+        path = os.path.join(model_dir, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: model folder has no tokenizer.json")
+        self.config = config
+        self.max_length = max_length or read_max_length(model_dir)
+        self._full = Tokenizer.from_file(path)
+        self._full.no_padding()
+        self._full.no_truncation()
+        self._truncating = Tokenizer.from_file(path)
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(self.max_length)
+
+    def decode_texts(self, raw: np.ndarray) -> list[str]:
+        """BYTES tensor -> list of str, refusing empty, oversize or non-UTF-8 items."""
+        if raw.ndim != 1:
+            raise InputError(f"TEXT must be a 1-D list of strings, got shape {list(raw.shape)}")
+        if raw.size == 0:
+            raise InputError("TEXT is empty: send at least one text")
+        if raw.size > self.config.max_texts_per_request:
+            raise InputError(f"TEXT has {raw.size} texts; at most {self.config.max_texts_per_request} per request")
+        texts = []
+        for i, item in enumerate(raw):
+            if isinstance(item, str):
+                item = item.encode("utf-8")
+            if not isinstance(item, bytes):
+                raise InputError(f"TEXT[{i}] is not a string")
+            if len(item) > self.config.max_text_bytes:
+                raise InputError(f"TEXT[{i}] is {len(item)} bytes; at most {self.config.max_text_bytes}")
+            try:
+                text = item.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"TEXT[{i}] is not valid UTF-8 (byte {exc.start})") from None
+            if not text.strip():
+                raise InputError(f"TEXT[{i}] is empty or only whitespace")
+            texts.append(text)
+        return texts
+
+    def template(self, text: str, input_type: str) -> str:
+        prefix = self.config.query_prefix if input_type == "query" else self.config.document_prefix
+        return prefix + text
+
+    def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
+        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts])."""
+        templated = [self.template(t, options.input_type) for t in texts]
+        encodings = [e.ids for e in self._full.encode_batch(templated)]
+        too_long = [i for i, ids in enumerate(encodings) if len(ids) > self.max_length]
+        if too_long and not options.truncate:
+            i = too_long[0]
+            raise InputError(f"TEXT[{i}] has {len(encodings[i])} tokens, more than the model's maximum "
+                             f"of {self.max_length}, and truncate=false")
+        if too_long:
+            for i, enc in zip(too_long, self._truncating.encode_batch([templated[i] for i in too_long])):
+                encodings[i] = enc.ids
+        seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
+        input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
+        return input_ids, seq_lens

@@ -1,0 +1,46 @@
+"""Triton adapter (decoupled): pool requests into engine_lib's EncoderService."""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from engine_lib.config import EncoderConfig
+from engine_lib.errors import InputError, OverloadError
+from engine_lib.options import RequestOptions
+from engine_lib.serving import build_service
+from engine_lib.triton_adapter import config_parameters, model_dir_override
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _respond(sender, embeddings, error):
+    if error is not None:
+        codes = {InputError: pb_utils.TritonError.INVALID_ARG, OverloadError: pb_utils.TritonError.UNAVAILABLE}
+        code = codes.get(type(error), pb_utils.TritonError.INTERNAL)
+        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
+    else:
+        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", embeddings)])
+    sender.send(response, flags=FINAL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        try:
+            config = EncoderConfig.from_parameters(config_parameters(args), **model_dir_override())
+            self.service = build_service(config)
+        except Exception as exc:
+            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                input_ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS").as_numpy()
+                seq_lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS").as_numpy()
+                options = RequestOptions.from_parameters(request.parameters())
+                self.service.submit(input_ids, seq_lens, options,
+                                    lambda rows, error, sender=sender: _respond(sender, rows, error))
+            except (InputError, OverloadError) as exc:
+                _respond(sender, None, exc)
+        return None
+
+    def finalize(self):
+        self.service.close()

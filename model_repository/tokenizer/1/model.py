@@ -1,0 +1,33 @@
+"""Triton adapter: TEXT -> flat INPUT_IDS + SEQ_LENS (engine_lib.tokenization)."""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from engine_lib.config import TokenizerConfig, resolve_model_dir
+from engine_lib.errors import InputError
+from engine_lib.options import RequestOptions
+from engine_lib.tokenization import TextTokenizer
+from engine_lib.triton_adapter import config_parameters, model_dir_override
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        try:
+            config = TokenizerConfig.from_parameters(config_parameters(args), **model_dir_override())
+            self.tokenizer = TextTokenizer(resolve_model_dir(config.model_dir), config)
+        except Exception as exc:
+            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
+
+    def execute(self, requests):
+        return [self._tokenize(request) for request in requests]
+
+    def _tokenize(self, request):
+        try:
+            options = RequestOptions.from_parameters(request.parameters())
+            texts = self.tokenizer.decode_texts(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
+            input_ids, seq_lens = self.tokenizer.encode(texts, options)
+        except InputError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("INPUT_IDS", input_ids),
+            pb_utils.Tensor("SEQ_LENS", seq_lens.astype(np.int64)),
+        ])
