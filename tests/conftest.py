@@ -1,0 +1,32 @@
+"""Shared fixtures: one real tritonserver per session, the reference model."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from triton_server import TritonServer
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real tritonserver on loopback serving model_repository/ (default model)."""
+    instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log")
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    from engine_lib.config import resolve_model_dir
+
+    return resolve_model_dir("default")
+
+
+@pytest.fixture(scope="session")
+def reference_model(model_dir):
+    """sentence-transformers on the same weights: the reference implementation."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(model_dir, device="cpu")

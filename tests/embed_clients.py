@@ -1,0 +1,64 @@
+"""The three documented ways to embed texts with tritonclient (used by tests)."""
+from __future__ import annotations
+
+import json
+import queue
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+
+def _text_array(texts) -> np.ndarray:
+    return np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=object)
+
+
+def embed_stream(grpc_url: str, texts, parameters: dict | None = None, timeout: float = 120) -> np.ndarray:
+    """gRPC streaming on the decoupled `ensemble`."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
+        text.set_data_from_numpy(_text_array(texts))
+        client.async_stream_infer("ensemble", [text], parameters=parameters)
+        result, error = results.get(timeout=timeout)
+    finally:
+        client.stop_stream()
+        client.close()
+    if error is not None:
+        raise error
+    return result.as_numpy("EMBEDDINGS")
+
+
+def embed_generate(http_url: str, texts, parameters: dict | None = None, timeout: float = 120) -> np.ndarray:
+    """HTTP `generate` on `ensemble`; the JSON reply is flat, reshaped to [N, D]."""
+    body = {"TEXT": list(texts), **({"parameters": parameters} if parameters else {})}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/ensemble/generate",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        reply = json.load(response)
+    return np.asarray(reply["EMBEDDINGS"], dtype=np.float32).reshape(len(texts), -1)
+
+
+def embed_unary_grpc(grpc_url: str, texts, parameters: dict | None = None) -> np.ndarray:
+    """Plain `client.infer` over gRPC on the unary `embed` model."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
+        text.set_data_from_numpy(_text_array(texts))
+        return client.infer("embed", [text], parameters=parameters).as_numpy("EMBEDDINGS")
+    finally:
+        client.close()
+
+
+def embed_unary_http(http_url: str, texts, parameters: dict | None = None) -> np.ndarray:
+    """Plain `client.infer` over HTTP on the unary `embed` model."""
+    client = httpclient.InferenceServerClient(http_url, network_timeout=120)
+    try:
+        text = httpclient.InferInput("TEXT", [len(texts)], "BYTES")
+        text.set_data_from_numpy(_text_array(texts))
+        return client.infer("embed", [text], parameters=parameters).as_numpy("EMBEDDINGS")
+    finally:
+        client.close()

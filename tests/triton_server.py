@@ -1,0 +1,71 @@
+"""Start and stop a real tritonserver through scripts/serve.sh (the README's command)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """One tritonserver on loopback with free ports; `stop()` waits for exit."""
+
+    def __init__(self, log_path: Path, env: dict | None = None, extra_args: list[str] | None = None,
+                 ready_timeout: float = 240.0):
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.http_url = f"127.0.0.1:{self.http_port}"
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.log_path = log_path
+        cmd = [str(REPO / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
+               "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port)]
+        if extra_args:
+            cmd += ["--", *extra_args]
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})}, start_new_session=True)
+        self._wait_ready(ready_timeout)
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, num_bytes: int = 6000) -> str:
+        self._log.flush()
+        return self.log_path.read_bytes()[-num_bytes:].decode(errors="replace")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
