@@ -17,7 +17,7 @@ while [[ $# -gt 0 ]]; do
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --model-dir) export ROSE_MODEL_DIR="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
