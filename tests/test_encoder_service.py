@@ -99,3 +99,16 @@ def test_failed_step_fails_only_its_requests():
     assert "boom" in str(bad["error"]) and bad["rows"] is None
     assert good["error"] is None
     service.close()
+
+
+def test_close_drains_queued_and_inflight_work():
+    class SlowEngine(FakeEngine):
+        def step(self, batch):
+            import time
+            time.sleep(0.01)
+            return super().step(batch)
+
+    service = EncoderService(SlowEngine(), max_batch_tokens=8, max_batch_sequences=2)
+    pending = [submit_and_wait(service, [np.array([i + 1, 2, 3])]) for i in range(30)]
+    service.close()
+    assert all(done.is_set() and result["error"] is None for done, result in pending)
