@@ -4,14 +4,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .attention import select_backend
+from .attention import AttentionShape, select_backend
 from .batch import PackedBatch
+from .cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from .lazy_tensor import CudaLazyTensor, LazyTensor, ResolvedTensor
 from .loader import load_weights
 from .models import model_class, read_model_config
-from .pooling import pool, read_pooling_mode
+from .pooling import default_pooling, pool, read_pooling_mode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GRAPH_MODES = ("auto", "on", "off")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -29,35 +31,74 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class Engine:
+    """Loads the model folder, picks the attention backend, runs steps eagerly or through graphs.
+
+    cuda_graphs: "auto" graphs on CUDA when the backend can be captured; "on"
+    insists (with `graph_capture` injected it also runs on CPU, for tests);
+    "off" always eager. Batches above (max_graph_seqs, max_graph_tokens) run eagerly.
+    """
+
     def __init__(self, model_dir: str, device: str = "auto", dtype: str = "auto",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", cuda_graphs: str = "auto",
+                 max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
+                 graph_capture: Capture | None = None):
         self.model_dir = model_dir
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         cfg = read_model_config(model_dir)
         cls = model_class(cfg)
-        self.backend = select_backend(attention_backend, self.device, cls.causal)
-        self.pooling = read_pooling_mode(model_dir, default=getattr(cls, "default_pooling", "mean"))
+        self.attention_shape = AttentionShape.from_config(cfg, cls.is_causal(cfg))
+        self.backend = select_backend(attention_backend, self.device, self.dtype, self.attention_shape)
+        self.pooling = read_pooling_mode(model_dir, default=default_pooling(cfg.get("model_type")))
         self.vocab_size = cfg["vocab_size"]
         with torch.device("meta"):
             model = cls(cfg, self.backend)
         model = model.to_empty(device="cpu")
         load_weights(model, model_dir)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        if hasattr(self.model, "init_buffers"):
+            self.model.init_buffers()  # non-checkpoint buffers (RoPE table), in fp32 on the device
         self.max_positions = self.model.max_positions
         self.hidden_size = cfg["hidden_size"]
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stats = GraphStats()
+        self.graphs = self._graph_runner(cuda_graphs, max_graph_tokens, max_graph_seqs, max_graphs, graph_capture)
+
+    def _graph_runner(self, mode: str, max_tokens: int, max_seqs: int, max_graphs: int | None,
+                      capture: Capture | None) -> GraphRunner | None:
+        if mode not in GRAPH_MODES:
+            raise ValueError(f"cuda_graphs must be one of {GRAPH_MODES}, got {mode!r}")
+        possible = self.backend.supports_graphs and (self.device.type == "cuda" or capture is not None)
+        if mode == "off" or (mode == "auto" and not possible):
+            return None
+        if not possible:
+            raise ValueError(f"cuda_graphs=on needs CUDA and a capturable attention backend; "
+                             f"have {self.device.type} and {self.backend.name!r} (capturable: masked, varlen, flashinfer)")
+        capture = capture or CudaGraphCapture(self.device)
+        buckets = GraphBuckets(max_tokens, max_seqs)
+        return GraphRunner(self._forward_static, self.backend, buckets, self.device, capture, self.stats, max_graphs)
+
+    def _forward(self, input_ids, positions, seq_ids, cu_seqlens, plan) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, plan)  # [num_tokens, hidden]
+        return pool(hidden, cu_seqlens, seq_ids, self.pooling).float()  # [num_seqs, hidden]
+
+    def _forward_static(self, token_data: torch.Tensor, cu_seqlens: torch.Tensor, plan) -> torch.Tensor:
+        return self._forward(token_data[0], token_data[1], token_data[2], cu_seqlens, plan)
+
+    def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
+        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)
+        seq_ids = np.repeat(np.arange(batch.num_seqs), batch.seq_lens)
+        token_data = to_device(np.stack([batch.input_ids, batch.positions, seq_ids]))  # [3, num_tokens]
+        plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
+        return self._forward_static(token_data, to_device(batch.cu_seqlens), plan)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Launch the forward pass; returns pooled fp32 [num_seqs, hidden] (not normalised)."""
-        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)
-        input_ids, positions = to_device(batch.input_ids), to_device(batch.positions)
-        cu_seqlens = to_device(batch.cu_seqlens)
-        seq_ids = to_device(np.repeat(np.arange(batch.num_seqs), batch.seq_lens))
-        plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
-        hidden = self.model(input_ids, positions, plan)
-        pooled = pool(hidden, cu_seqlens, seq_ids, self.pooling).float()
+        pooled = self.graphs.run(batch) if self.graphs is not None else None
+        if pooled is None:
+            self.stats.eager_runs += 1
+            pooled = self.forward_eager(batch)
         if self.device.type == "cuda":
             return CudaLazyTensor(pooled, self._copy_stream)
         return ResolvedTensor(pooled.numpy())

@@ -1,13 +1,21 @@
-"""Sequence pooling over packed tokens, configured by the model folder."""
+"""Sequence pooling over packed tokens, configured by the model folder.
+
+torch is imported inside `pool` only, so the tokenizer process can read the
+pooling mode (it appends EOS for last-token pooling) without loading torch.
+"""
 from __future__ import annotations
 
 import json
 import os
 
 import numpy as np
-import torch
 
 POOLING_MODES = ("mean", "cls", "lasttoken")
+FAMILY_POOLING = {"qwen3": "lasttoken"}  # model_type -> default when the folder says nothing
+
+
+def default_pooling(model_type: str | None) -> str:
+    return FAMILY_POOLING.get(model_type, "mean")
 
 
 def read_pooling_mode(model_dir: str, default: str) -> str:
@@ -31,18 +39,25 @@ def read_pooling_mode(model_dir: str, default: str) -> str:
     raise ValueError(f"{config_path}: no supported pooling mode set (supported: {POOLING_MODES})")
 
 
-def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, seq_ids: torch.Tensor, mode: str) -> torch.Tensor:
-    """hidden [num_tokens, H] -> [num_seqs, H]; seq_ids [num_tokens] maps token -> sequence."""
+def pool(hidden, cu_seqlens, seq_ids, mode: str):
+    """hidden [num_tokens, H] -> [num_seqs, H]; seq_ids [num_tokens] maps token -> sequence.
+
+    Graph padding: tokens past cu_seqlens[-1] carry seq_id == num_seqs (a scratch
+    row that is dropped); zero-length dummy sequences give rows nobody reads (indices
+    are clamped so they stay in bounds).
+    """
+    import torch
+
     num_seqs = cu_seqlens.shape[0] - 1
     if mode == "cls":
-        return hidden[cu_seqlens[:-1].long()]
+        return hidden[cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)]
     if mode == "lasttoken":
         return hidden[cu_seqlens[1:].long() - 1]
     if mode == "mean":
-        sums = torch.zeros(num_seqs, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        sums = torch.zeros(num_seqs + 1, hidden.shape[1], dtype=torch.float32, device=hidden.device)
         sums.index_add_(0, seq_ids, hidden.float())
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.float32).unsqueeze(1)
-        return sums / lens
+        return sums[:num_seqs] / lens
     raise ValueError(f"unknown pooling mode {mode!r}")
 
 

@@ -1,7 +1,8 @@
-"""Text -> token ids for the encoder: decoding, templating, truncation, checks."""
+"""Text -> token ids for the encoder: decoding, templating, truncation, EOS, checks."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Sequence
 
@@ -11,6 +12,47 @@ from tokenizers import Tokenizer
 from .config import TokenizerConfig
 from .errors import InputError
 from .options import RequestOptions
+from .pooling import default_pooling, read_pooling_mode
+
+log = logging.getLogger(__name__)
+
+QWEN3_DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def instruction_prefix(task: str) -> str:
+    r"""Qwen3-Embedding's query template is `Instruct: {task}\nQuery:{text}`; this is the part before text."""
+    return f"Instruct: {task}\nQuery:"
+
+
+FAMILY_QUERY_PREFIX = {"qwen3": instruction_prefix(QWEN3_DEFAULT_TASK)}
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_prefixes(model_dir: str, config: TokenizerConfig, model_type: str | None) -> dict[str, str]:
+    """Prefix per input_type: the config parameter, else the folder's sentence-transformers
+    prompts, else the family default (Qwen3: the instruction template for queries)."""
+    prompts = _read_json(os.path.join(model_dir, "config_sentence_transformers.json")).get("prompts") or {}
+    return {"query": config.query_prefix or prompts.get("query") or FAMILY_QUERY_PREFIX.get(model_type, ""),
+            "document": config.document_prefix or prompts.get("document") or ""}
+
+
+def read_eos_id(model_dir: str, tokenizer: Tokenizer, model_cfg: dict) -> int | None:
+    """EOS id from tokenizer_config.json's eos_token, else config.json's eos_token_id."""
+    eos = _read_json(os.path.join(model_dir, "tokenizer_config.json")).get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if isinstance(eos, str) and tokenizer.token_to_id(eos) is not None:
+        return tokenizer.token_to_id(eos)
+    eos_id = model_cfg.get("eos_token_id")
+    if isinstance(eos_id, list):
+        eos_id = eos_id[0] if eos_id else None
+    return eos_id if isinstance(eos_id, int) else None
 
 
 def read_max_length(model_dir: str) -> int:
@@ -44,9 +86,25 @@ class TextTokenizer:
         self._full = Tokenizer.from_file(path)
         self._full.no_padding()
         self._full.no_truncation()
+        model_cfg = _read_json(os.path.join(model_dir, "config.json"))
+        model_type = model_cfg.get("model_type")
+        self.prefixes = read_prefixes(model_dir, config, model_type)
+        self.append_eos_id = None
+        if read_pooling_mode(model_dir, default_pooling(model_type)) == "lasttoken":
+            self.append_eos_id = self._eos_to_append(model_dir, model_cfg)
         self._truncating = Tokenizer.from_file(path)
         self._truncating.no_padding()
-        self._truncating.enable_truncation(self.max_length)
+        self._truncating.enable_truncation(self.max_length - (self.append_eos_id is not None))
+
+    def _eos_to_append(self, model_dir: str, model_cfg: dict) -> int | None:
+        """Last-token pooling reads the EOS token: append it unless the tokenizer already does."""
+        eos_id = read_eos_id(model_dir, self._full, model_cfg)
+        if eos_id is None:
+            log.warning("%s: last-token pooling but no EOS token is known; pooling the last text token", model_dir)
+            return None
+        if self._full.encode("a").ids[-1:] == [eos_id]:
+            return None
+        return eos_id
 
     def decode_texts(self, raw: np.ndarray) -> list[str]:
         """BYTES tensor -> list of str, refusing empty, oversize or non-UTF-8 items."""
@@ -74,21 +132,23 @@ class TextTokenizer:
         return texts
 
     def template(self, text: str, input_type: str) -> str:
-        prefix = self.config.query_prefix if input_type == "query" else self.config.document_prefix
-        return prefix + text
+        return self.prefixes["query" if input_type == "query" else "document"] + text
 
     def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts])."""
         templated = [self.template(t, options.input_type) for t in texts]
+        extra = self.append_eos_id is not None
         encodings = [e.ids for e in self._full.encode_batch(templated)]
-        too_long = [i for i, ids in enumerate(encodings) if len(ids) > self.max_length]
+        too_long = [i for i, ids in enumerate(encodings) if len(ids) + extra > self.max_length]
         if too_long and not options.truncate:
             i = too_long[0]
-            raise InputError(f"TEXT[{i}] has {len(encodings[i])} tokens, more than the model's maximum "
+            raise InputError(f"TEXT[{i}] has {len(encodings[i]) + extra} tokens, more than the model's maximum "
                              f"of {self.max_length}, and truncate=false")
         if too_long:
             for i, enc in zip(too_long, self._truncating.encode_batch([templated[i] for i in too_long])):
                 encodings[i] = enc.ids
+        if extra:
+            encodings = [ids + [self.append_eos_id] for ids in encodings]
         seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
         input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
         return input_ids, seq_lens

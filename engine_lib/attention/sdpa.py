@@ -1,7 +1,8 @@
 """Ragged attention with torch SDPA, without padding.
 
 Sequences of equal length are gathered into one dense [group, heads, len, dim]
-call; no token is ever padded and no cross-sequence mask is materialised.
+call; no token is ever padded and no cross-sequence mask is materialised. The
+plan's shapes depend on the batch's lengths, so this backend runs eagerly only.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class SdpaPlan:
 
 class SdpaBackend:
     name = "sdpa"
+    supports_graphs = False
 
     def __init__(self, causal: bool):
         self.causal = causal
@@ -32,6 +34,12 @@ class SdpaBackend:
             index = group_starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
             groups.append(torch.from_numpy(index).to(device))
         return SdpaPlan(tuple(groups))
+
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device):
+        raise NotImplementedError("the sdpa backend's plan depends on sequence lengths; it cannot be graphed")
+
+    def update_graph_plan(self, plan, cu_seqlens: np.ndarray) -> None:
+        raise NotImplementedError("the sdpa backend cannot be graphed")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
         out = torch.empty_like(q)

@@ -5,10 +5,12 @@ import json
 import os
 
 from .bert import BertModel, XLMRobertaModel
+from .qwen3 import Qwen3Model
 
 MODEL_FAMILIES = {
     "bert": BertModel,
     "xlm-roberta": XLMRobertaModel,
+    "qwen3": Qwen3Model,
 }
 
 

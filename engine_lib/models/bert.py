@@ -66,7 +66,6 @@ class BertLayer(nn.Module):
 
 
 class BertModel(nn.Module):
-    causal = False
     position_offset = 0
     # checkpoint key fragment -> our module path fragment
     checkpoint_renames = (
@@ -79,6 +78,10 @@ class BertModel(nn.Module):
     )
     checkpoint_prefixes = ("bert.", "roberta.", "model.")
     ignored_keys = ("pooler.", "embeddings.position_ids", "lm_head.", "cls.")
+
+    @staticmethod
+    def is_causal(cfg: dict) -> bool:
+        return False
 
     def __init__(self, cfg: dict, backend):
         super().__init__()

@@ -1,0 +1,55 @@
+"""Block-diagonal masked SDPA over all packed tokens: graph-capturable on any device.
+
+Costs O(num_tokens^2) memory per layer, so it suits small batches; it is the
+graph-capable reference on CPU and the GPU fallback when no flash kernel fits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+PAD_SEQ_ID = -1  # graph padding tokens form one extra block among themselves
+
+
+def token_seq_ids(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
+    """[num_tokens] sequence index per token; tokens past cu_seqlens[-1] get PAD_SEQ_ID."""
+    seq_ids = np.full(num_tokens, PAD_SEQ_ID, dtype=np.int64)
+    lens = np.diff(cu_seqlens).astype(np.int64)
+    seq_ids[:int(cu_seqlens[-1])] = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    return seq_ids
+
+
+@dataclass(frozen=True)
+class MaskedPlan:
+    seq_ids: torch.Tensor  # [num_tokens] int64 on the device
+
+
+class MaskedSdpaBackend:
+    name = "masked"
+    supports_graphs = True
+
+    def __init__(self, causal: bool):
+        self.causal = causal
+
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> MaskedPlan:
+        seq_ids = token_seq_ids(cu_seqlens, int(cu_seqlens[-1]))
+        return MaskedPlan(torch.from_numpy(seq_ids).to(device))
+
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> MaskedPlan:
+        return MaskedPlan(torch.full((num_tokens,), PAD_SEQ_ID, dtype=torch.int64, device=device))
+
+    def update_graph_plan(self, plan: MaskedPlan, cu_seqlens: np.ndarray) -> None:
+        seq_ids = token_seq_ids(cu_seqlens, plan.seq_ids.shape[0])
+        plan.seq_ids.copy_(torch.from_numpy(seq_ids), non_blocking=True)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: MaskedPlan) -> torch.Tensor:
+        mask = plan.seq_ids[:, None] == plan.seq_ids[None, :]  # [num_tokens, num_tokens]
+        if self.causal:
+            mask = mask.tril()
+        # [num_tokens, heads, dim] -> [1, heads, num_tokens, dim]
+        qb, kb, vb = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+        return out.squeeze(0).transpose(0, 1)

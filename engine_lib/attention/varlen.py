@@ -1,0 +1,72 @@
+"""torch's own ragged FlashAttention (`torch.nn.attention.varlen.varlen_attn`), CUDA only.
+
+Signatures differ across torch releases (`is_causal=` in early ones,
+`window_size=(-1, 0)` and `enable_gqa=` later); the backend adapts once at
+construction. Its plan is cu_seqlens on the device plus an int max_seqlen, so
+a graph's plan is a static cu_seqlens buffer and the bucket's token count.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def _varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def varlen_available(device: torch.device) -> bool:
+    if device.type != "cuda" or _varlen_attn() is None:
+        return False
+    flash = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+    return flash and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+@dataclass(frozen=True)
+class VarlenPlan:
+    cu_seqlens: torch.Tensor  # [num_seqs + 1] int32 on the device
+    max_seqlen: int           # an upper bound is fine: it only sizes the launch grid
+
+
+class VarlenBackend:
+    name = "varlen"
+    supports_graphs = True
+
+    def __init__(self, causal: bool):
+        self._attn = _varlen_attn()
+        if self._attn is None:
+            raise ValueError("this torch has no torch.nn.attention.varlen.varlen_attn")
+        params = inspect.signature(self._attn).parameters
+        self._kwargs = {}
+        if causal and "window_size" in params:
+            self._kwargs["window_size"] = (-1, 0)
+        elif causal:
+            self._kwargs["is_causal"] = True
+        self._native_gqa = "enable_gqa" in params
+
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> VarlenPlan:
+        cu = torch.from_numpy(np.ascontiguousarray(cu_seqlens, dtype=np.int32)).to(device, non_blocking=True)
+        return VarlenPlan(cu, int(max_seqlen))
+
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> VarlenPlan:
+        return VarlenPlan(torch.zeros(num_seqs + 1, dtype=torch.int32, device=device), num_tokens)
+
+    def update_graph_plan(self, plan: VarlenPlan, cu_seqlens: np.ndarray) -> None:
+        plan.cu_seqlens.copy_(torch.from_numpy(np.ascontiguousarray(cu_seqlens, dtype=np.int32)), non_blocking=True)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> torch.Tensor:
+        kwargs = self._kwargs
+        if q.shape[1] != k.shape[1]:
+            if self._native_gqa:
+                kwargs = {**kwargs, "enable_gqa": True}
+            else:
+                groups = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return self._attn(q, k, v, plan.cu_seqlens, plan.cu_seqlens, plan.max_seqlen, plan.max_seqlen, **kwargs)

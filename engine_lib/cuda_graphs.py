@@ -1,0 +1,219 @@
+"""Lazily captured whole-model CUDA graphs per (sequence-count bucket, token bucket).
+
+Bookkeeping is plain Python: `GraphBuckets` maps a batch to its bucket,
+`pad_batch` pads it, `LazyGraphCache` decides eager / capture / replay (first
+hit eager, second hit capture, later hits replay). `GraphRunner` owns the
+static device buffers and calls an injected `capture(fn) -> (replay, output)`:
+`CudaGraphCapture` on a GPU, a stand-in in CPU tests.
+
+Padding invariant: a padded batch has exactly the bucket's token and sequence
+counts; extra sequences are zero-length (cu_seqlens repeats num_tokens), extra
+tokens lie past cu_seqlens[-1] with id 0, position 0 and seq_id == the bucket's
+sequence count (pooling's scratch row). Rows of real sequences never read them.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import Callable, Hashable, NamedTuple
+
+import numpy as np
+
+from .batch import PackedBatch
+
+log = logging.getLogger(__name__)
+
+EAGER, CAPTURE, REPLAY = "eager", "capture", "replay"
+
+
+def token_buckets(max_tokens: int, small_step: int = 64, large_step: int = 256, threshold: int = 1024) -> list[int]:
+    """Multiples of `small_step` up to `threshold`, then of `large_step`, up to max_tokens."""
+    if max_tokens < small_step or threshold % small_step or large_step % small_step:
+        raise ValueError(f"bad token buckets: max {max_tokens}, steps {small_step}/{large_step}, threshold {threshold}")
+    buckets = list(range(small_step, min(threshold, max_tokens) + 1, small_step))
+    buckets += list(range(threshold + large_step, max_tokens + 1, large_step))
+    if buckets[-1] != max_tokens and max_tokens % small_step == 0:
+        buckets.append(max_tokens)
+    return buckets
+
+
+def seq_buckets(max_seqs: int) -> list[int]:
+    """Powers of two up to max_seqs, and max_seqs itself."""
+    buckets = [1 << i for i in range(max_seqs.bit_length()) if 1 << i <= max_seqs]
+    return buckets if buckets[-1] == max_seqs else buckets + [max_seqs]
+
+
+class GraphBuckets:
+    """Batch geometry -> graph key (num_seqs_bucket, num_tokens_bucket), or None for eager."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, small_step: int = 64, large_step: int = 256,
+                 threshold: int = 1024):
+        self.token_buckets = token_buckets(max_tokens, small_step, large_step, threshold)
+        self.seq_buckets = seq_buckets(max_seqs)
+        self.max_tokens, self.max_seqs = self.token_buckets[-1], self.seq_buckets[-1]
+        self._step = small_step
+        # Precomputed: ceil(num_tokens / small_step) -> token bucket.
+        self._token_map = [self.token_buckets[bisect.bisect_left(self.token_buckets, i * small_step)]
+                           for i in range(self.max_tokens // small_step + 1)]
+
+    def key(self, num_seqs: int, num_tokens: int) -> tuple[int, int] | None:
+        if num_tokens > self.max_tokens or num_seqs > self.max_seqs or num_seqs < 1:
+            return None
+        seqs = self.seq_buckets[bisect.bisect_left(self.seq_buckets, num_seqs)]
+        tokens = self._token_map[-(-num_tokens // self._step)]
+        return seqs, tokens
+
+
+class PaddedBatch(NamedTuple):
+    token_data: np.ndarray  # [3, num_tokens_bucket] int64: input_ids, positions, seq_ids
+    cu_seqlens: np.ndarray  # [num_seqs_bucket + 1] int32
+
+
+def pad_batch(batch: PackedBatch, key: tuple[int, int]) -> PaddedBatch:
+    num_seqs, num_tokens = key
+    if batch.num_seqs > num_seqs or batch.num_tokens > num_tokens:
+        raise ValueError(f"batch ({batch.num_seqs} seqs, {batch.num_tokens} tokens) exceeds bucket {key}")
+    token_data = np.zeros((3, num_tokens), dtype=np.int64)
+    token_data[0, :batch.num_tokens] = batch.input_ids
+    token_data[1, :batch.num_tokens] = batch.positions
+    token_data[2, :batch.num_tokens] = np.repeat(np.arange(batch.num_seqs, dtype=np.int64), batch.seq_lens)
+    token_data[2, batch.num_tokens:] = num_seqs
+    cu_seqlens = np.full(num_seqs + 1, batch.num_tokens, dtype=np.int32)
+    cu_seqlens[:batch.num_seqs + 1] = batch.cu_seqlens
+    return PaddedBatch(token_data, cu_seqlens)
+
+
+@dataclass
+class GraphStats:
+    """Every step is exactly one of: eager run, capture (then replayed once), replay."""
+    eager_runs: int = 0
+    captures: int = 0
+    replays: int = 0
+    capture_failures: int = 0
+    graphs: int = 0
+
+
+class LazyGraphCache:
+    """First hit of a key -> EAGER, second -> CAPTURE, later -> REPLAY (at most max_graphs kept)."""
+
+    def __init__(self, max_graphs: int | None = None):
+        self.max_graphs = max_graphs
+        self._seen: set[Hashable] = set()
+        self._failed: set[Hashable] = set()
+        self._graphs: dict[Hashable, object] = {}
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def action(self, key: Hashable) -> str:
+        if key in self._graphs:
+            return REPLAY
+        full = self.max_graphs is not None and len(self._graphs) >= self.max_graphs
+        if key in self._seen and key not in self._failed and not full:
+            return CAPTURE
+        self._seen.add(key)
+        return EAGER
+
+    def store(self, key: Hashable, graph: object) -> None:
+        self._graphs[key] = graph
+
+    def get(self, key: Hashable) -> object:
+        return self._graphs[key]
+
+    def mark_failed(self, key: Hashable) -> None:
+        """A key whose capture failed runs eagerly from now on."""
+        self._failed.add(key)
+
+
+Capture = Callable[[Callable[[], object]], tuple[Callable[[], None], object]]
+
+
+class GraphRunner:
+    """Runs padded batches through lazily captured graphs over static buffers.
+
+    `forward(token_data, cu_seqlens, plan)` maps static views to a pooled
+    [num_seqs_bucket, hidden] tensor; it must not sync with the host.
+    """
+
+    def __init__(self, forward: Callable, backend, buckets: GraphBuckets, device, capture: Capture,
+                 stats: GraphStats | None = None, max_graphs: int | None = None):
+        import torch
+
+        self._torch = torch
+        self.forward, self.backend, self.buckets, self.device = forward, backend, buckets, device
+        self.capture = capture
+        self.stats = stats or GraphStats()
+        self.cache = LazyGraphCache(max_graphs)
+        self._plans: dict[tuple[int, int], object] = {}
+        self._token_data = torch.zeros((3, buckets.max_tokens), dtype=torch.int64, device=device)
+        self._cu_seqlens = torch.zeros(buckets.max_seqs + 1, dtype=torch.int32, device=device)
+
+    def run(self, batch: PackedBatch):
+        """Pooled [num_seqs, hidden] for the batch, or None when it is above the largest bucket."""
+        key = self.buckets.key(batch.num_seqs, batch.num_tokens)
+        if key is None:
+            return None
+        padded = pad_batch(batch, key)
+        num_seqs, num_tokens = key
+        token_data, cu_seqlens = self._token_data[:, :num_tokens], self._cu_seqlens[:num_seqs + 1]
+        token_data.copy_(self._torch.from_numpy(padded.token_data), non_blocking=True)
+        cu_seqlens.copy_(self._torch.from_numpy(padded.cu_seqlens), non_blocking=True)
+        if key not in self._plans:
+            self._plans[key] = self.backend.graph_plan(num_seqs, num_tokens, self.device)
+        plan = self._plans[key]
+        self.backend.update_graph_plan(plan, padded.cu_seqlens)
+        step = lambda: self.forward(token_data, cu_seqlens, plan)
+        action = self.cache.action(key)
+        if action == CAPTURE:
+            output = self._capture(key, step)
+            action = EAGER if output is None else CAPTURE
+        if action == EAGER:
+            self.stats.eager_runs += 1
+            output = step()
+        elif action == REPLAY:
+            replay, output = self.cache.get(key)
+            replay()
+            self.stats.replays += 1
+        # A copy: the static output is overwritten by the next replay while this one may still be read.
+        return output[:batch.num_seqs].clone()
+
+    def _capture(self, key, step):
+        try:
+            replay, output = self.capture(step)
+        except RuntimeError:
+            log.exception("CUDA graph capture failed for bucket %s; it runs eagerly from now on", key)
+            self.cache.mark_failed(key)
+            self.stats.capture_failures += 1
+            return None
+        self.cache.store(key, (replay, output))
+        self.stats.captures += 1
+        self.stats.graphs = len(self.cache)
+        replay()  # capture records work without running it
+        return output
+
+
+class CudaGraphCapture:
+    """Real capture: one side stream and one memory pool shared by every graph.
+
+    Sharing the pool is safe because replays run in stream order on one stream
+    and each graph's output is copied out before the next replay.
+    """
+
+    def __init__(self, device):
+        import torch
+
+        self._torch = torch
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device)
+
+    def __call__(self, fn):
+        torch = self._torch
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            fn()  # warm-up on the capture stream (lazy per-stream library state)
+        torch.cuda.current_stream().wait_stream(self.stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            output = fn()
+        return graph.replay, output

@@ -1,0 +1,146 @@
+"""Qwen3 embedding model (Qwen3-Embedding and LLM-derived embedders) over packed ragged tokens."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+def rope_theta(cfg: dict) -> float:
+    """transformers >= 5 nests it in `rope_parameters`; older configs keep it at the top level."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        raise ValueError(f"config.json: rope_type {params.get('rope_type')!r} is not supported (only default RoPE)")
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+class Qwen3RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in fp32, scale in the compute dtype: the same rounding as the reference.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Qwen3RotaryEmbedding(nn.Module):
+    """RoPE with a precomputed fp32 cos/sin table indexed by position (no host work per step)."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float):
+        super().__init__()
+        self.head_dim, self.max_positions, self.theta = head_dim, max_positions, theta
+        self.register_buffer("cos_sin", torch.empty(max_positions, head_dim), persistent=False)
+
+    def init_buffers(self) -> None:
+        """Fill the table in fp32 on the module's device (after loading and any dtype cast)."""
+        device = self.cos_sin.device
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float, device=device) / self.head_dim))
+        freqs = torch.arange(self.max_positions, dtype=torch.float, device=device)[:, None] * inv_freq[None, :]
+        self.cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_positions, head_dim] fp32
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)  # [num_tokens, 1, head_dim/2]
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Qwen3Attention(nn.Module):
+    """Grouped-query attention with per-head RMSNorm on q and k before RoPE."""
+
+    def __init__(self, cfg: dict, backend, rotary: Qwen3RotaryEmbedding):
+        super().__init__()
+        hidden, bias = cfg["hidden_size"], cfg.get("attention_bias", False)
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
+        self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, cfg["rms_norm_eps"])
+        self.k_norm = Qwen3RMSNorm(self.head_dim, cfg["rms_norm_eps"])
+        self.backend = backend
+        self.rotary = (rotary,)  # shared table; a tuple keeps it out of this module's state_dict
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q = self.q_norm(self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary[0](positions, q, k)
+        context = self.backend.forward(q, k, v, plan)  # [num_tokens, num_heads, head_dim]
+        return self.o_proj(context.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class Qwen3MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: dict):
+        super().__init__()
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
+        self.gate_proj = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"], bias=False)
+        self.up_proj = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"], bias=False)
+        self.down_proj = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"], bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3Layer(nn.Module):
+    """Pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: dict, backend, rotary: Qwen3RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.self_attn = Qwen3Attention(cfg, backend, rotary)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.mlp = Qwen3MLP(cfg)
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, plan)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Qwen3Model(nn.Module):
+    """Embeddings -> decoder layers -> final RMSNorm (pooled by the last token, EOS, by default).
+
+    Attention is causal, as the model was trained; `"is_causal": false` in config.json
+    selects bidirectional attention for embedders trained that way.
+    """
+
+    checkpoint_prefixes = ("model.",)
+    checkpoint_renames = ()
+    ignored_keys = ("lm_head.", "score.")
+
+    @staticmethod
+    def is_causal(cfg: dict) -> bool:
+        return bool(cfg.get("is_causal", True))
+
+    def __init__(self, cfg: dict, backend):
+        super().__init__()
+        if cfg.get("use_sliding_window"):
+            raise ValueError("config.json: use_sliding_window=true is not supported for embedding")
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        self.max_positions = cfg["max_position_embeddings"]
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.rotary = Qwen3RotaryEmbedding(head_dim, self.max_positions, rope_theta(cfg))
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, backend, self.rotary) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+
+    def init_buffers(self) -> None:
+        self.rotary.init_buffers()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for layer in self.layers:
+            hidden = layer(hidden, positions, plan)
+        return self.norm(hidden)  # [num_tokens, hidden]
