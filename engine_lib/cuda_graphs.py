@@ -21,6 +21,7 @@ from typing import Callable, Hashable, NamedTuple
 import numpy as np
 
 from .batch import PackedBatch
+from .lazy_tensor import host_tensor
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,8 @@ class GraphRunner:
         padded = pad_batch(batch, key)
         num_seqs, num_tokens = key
         token_data, cu_seqlens = self._token_data[:, :num_tokens], self._cu_seqlens[:num_seqs + 1]
-        token_data.copy_(self._torch.from_numpy(padded.token_data), non_blocking=True)
-        cu_seqlens.copy_(self._torch.from_numpy(padded.cu_seqlens), non_blocking=True)
+        token_data.copy_(host_tensor(padded.token_data, self.device), non_blocking=True)
+        cu_seqlens.copy_(host_tensor(padded.cu_seqlens, self.device), non_blocking=True)
         if key not in self._plans:
             self._plans[key] = self.backend.graph_plan(num_seqs, num_tokens, self.device)
         plan = self._plans[key]
@@ -214,6 +215,7 @@ class CudaGraphCapture:
             fn()  # warm-up on the capture stream (lazy per-stream library state)
         torch.cuda.current_stream().wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        # thread_local: the completion thread may query events while the scheduler thread captures.
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             output = fn()
         return graph.replay, output

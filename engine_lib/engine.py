@@ -7,7 +7,7 @@ import torch
 from .attention import AttentionShape, select_backend
 from .batch import PackedBatch
 from .cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
-from .lazy_tensor import CudaLazyTensor, LazyTensor, ResolvedTensor
+from .lazy_tensor import CudaLazyTensor, LazyTensor, ResolvedTensor, host_tensor
 from .loader import load_weights
 from .models import model_class, read_model_config
 from .pooling import default_pooling, pool, read_pooling_mode
@@ -86,7 +86,7 @@ class Engine:
         return self._forward(token_data[0], token_data[1], token_data[2], cu_seqlens, plan)
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
-        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)
+        to_device = lambda a: host_tensor(a, self.device).to(self.device, non_blocking=True)
         seq_ids = np.repeat(np.arange(batch.num_seqs), batch.seq_lens)
         token_data = to_device(np.stack([batch.input_ids, batch.positions, seq_ids]))  # [3, num_tokens]
         plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)

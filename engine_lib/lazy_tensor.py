@@ -5,12 +5,25 @@ CUDA the device-to-host copy is issued on a side stream that waits on the
 compute stream, into a pinned host buffer, followed by an event; the device
 tensor stays referenced until that event has completed, so the caching
 allocator cannot hand its memory to a later batch while the copy reads it.
+
+`host_tensor` is the other direction: inputs bound for a CUDA device are
+staged in pinned memory so their copies are truly asynchronous (a copy from
+pageable memory may wait for the stream); the pinned caching allocator keeps
+each staging block until its copy has completed.
 """
 from __future__ import annotations
 
 from typing import Protocol
 
 import numpy as np
+
+
+def host_tensor(array: np.ndarray, device):
+    """A CPU tensor of `array` ready for `.to(device, non_blocking=True)` / `copy_`."""
+    import torch
+
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.pin_memory() if device.type == "cuda" else tensor
 
 
 class LazyTensor(Protocol):

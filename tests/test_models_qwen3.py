@@ -136,3 +136,20 @@ def test_query_instruction_template(qwen3_tokenizer_folder):
     assert TextTokenizer(str(qwen3_tokenizer_folder), TokenizerConfig()).template("x", "query") == "Instruct: Find code\nQuery:x"
     custom = TextTokenizer(str(qwen3_tokenizer_folder), TokenizerConfig(query_prefix="q: "))
     assert custom.template("x", "query") == "q: x"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cuda_graphs", ["off", "on"])
+def test_gpu_bf16_within_cosine_of_fp32_reference(tmp_path, cuda_graphs):
+    from transformers import Qwen3Model
+
+    config = qwen3_config(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=128, vocab_size=1024)
+    reference = save_random_model(Qwen3Model, config, tmp_path, seed=41)
+    sequences = random_sequences([1, 17, 128, 200, 64], 1024, seed=42)
+    expected = np.stack([h[-1] for h in hf_hidden_states(reference, sequences)])  # fp32 on CPU
+    engine = Engine(str(tmp_path), device="cuda", dtype="bfloat16", cuda_graphs=cuda_graphs)
+    batch = PackedBatch.from_sequences(sequences)
+    for _ in range(3):  # eager, capture, replay when graphs are on
+        assert cosine_rows(engine.step(batch).wait(), expected).min() >= 0.999

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..lazy_tensor import host_tensor
+
 PAD_SEQ_ID = -1  # graph padding tokens form one extra block among themselves
 
 
@@ -36,14 +38,14 @@ class MaskedSdpaBackend:
 
     def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> MaskedPlan:
         seq_ids = token_seq_ids(cu_seqlens, int(cu_seqlens[-1]))
-        return MaskedPlan(torch.from_numpy(seq_ids).to(device))
+        return MaskedPlan(host_tensor(seq_ids, device).to(device, non_blocking=True))
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> MaskedPlan:
         return MaskedPlan(torch.full((num_tokens,), PAD_SEQ_ID, dtype=torch.int64, device=device))
 
     def update_graph_plan(self, plan: MaskedPlan, cu_seqlens: np.ndarray) -> None:
         seq_ids = token_seq_ids(cu_seqlens, plan.seq_ids.shape[0])
-        plan.seq_ids.copy_(torch.from_numpy(seq_ids), non_blocking=True)
+        plan.seq_ids.copy_(host_tensor(seq_ids, plan.seq_ids.device), non_blocking=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: MaskedPlan) -> torch.Tensor:
         mask = plan.seq_ids[:, None] == plan.seq_ids[None, :]  # [num_tokens, num_tokens]

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..lazy_tensor import host_tensor
+
 
 @dataclass(frozen=True)
 class SdpaPlan:
@@ -32,7 +34,7 @@ class SdpaBackend:
         for length in np.unique(lens):
             group_starts = starts[lens == length]
             index = group_starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
-            groups.append(torch.from_numpy(index).to(device))
+            groups.append(host_tensor(index, device).to(device, non_blocking=True))
         return SdpaPlan(tuple(groups))
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device):

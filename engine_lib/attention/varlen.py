@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..lazy_tensor import host_tensor
+
 
 def _varlen_attn():
     try:
@@ -52,14 +54,15 @@ class VarlenBackend:
         self._native_gqa = "enable_gqa" in params
 
     def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> VarlenPlan:
-        cu = torch.from_numpy(np.ascontiguousarray(cu_seqlens, dtype=np.int32)).to(device, non_blocking=True)
+        cu = host_tensor(cu_seqlens.astype(np.int32, copy=False), device).to(device, non_blocking=True)
         return VarlenPlan(cu, int(max_seqlen))
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> VarlenPlan:
         return VarlenPlan(torch.zeros(num_seqs + 1, dtype=torch.int32, device=device), num_tokens)
 
     def update_graph_plan(self, plan: VarlenPlan, cu_seqlens: np.ndarray) -> None:
-        plan.cu_seqlens.copy_(torch.from_numpy(np.ascontiguousarray(cu_seqlens, dtype=np.int32)), non_blocking=True)
+        plan.cu_seqlens.copy_(host_tensor(cu_seqlens.astype(np.int32, copy=False), plan.cu_seqlens.device),
+                              non_blocking=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> torch.Tensor:
         kwargs = self._kwargs
