@@ -72,8 +72,8 @@ class Engine:
         if mode == "off" or (mode == "auto" and not possible):
             return None
         if not possible:
-            raise ValueError(f"cuda_graphs=on needs CUDA and a capturable attention backend; "
-                             f"have {self.device.type} and {self.backend.name!r} (capturable: masked, varlen, flashinfer)")
+            raise ValueError(f"cuda_graphs=on needs CUDA and a capturable attention backend (masked, varlen, "
+                             f"flashinfer); have {self.device.type} and {self.backend.name!r}")
         capture = capture or CudaGraphCapture(self.device)
         buckets = GraphBuckets(max_tokens, max_seqs)
         return GraphRunner(self._forward_static, self.backend, buckets, self.device, capture, self.stats, max_graphs)

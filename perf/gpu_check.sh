@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU session (one H200 call, a few minutes): the GPU tests (graph
+# One prepared GPU session (one H200 call, under 8 minutes): the GPU tests (graph
 # replay == eager, FlashInfer/varlen == SDPA, bf16 within cosine 0.999 of fp32,
 # CUDA LazyTensor), then the seed's low-latency scenario (batch 1, 128/512/4096
 # tokens, sequential, p50/p90/p99/max) on a random-weight Qwen3-Embedding-0.6B-
@@ -46,7 +46,7 @@ fi
 tests_status=0
 if "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
-  timeout 300 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="" -rA \
+  timeout 200 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="" -rA \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/test_attention.py tests/test_cuda_graphs.py tests/test_lazy_tensor.py tests/test_models_qwen3.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
@@ -59,7 +59,7 @@ else
 fi
 
 log "low-latency scenario (random weights, Qwen3-Embedding-0.6B shape)"
-timeout 360 "$PYTHON" perf/gpu_latency.py --out "$OUT_DIR" 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout 270 "$PYTHON" perf/gpu_latency.py --out "$OUT_DIR" 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 latency_status=${PIPESTATUS[0]}
 log "latency exit status $latency_status"
 [[ $tests_status == 0 && $latency_status == 0 ]]

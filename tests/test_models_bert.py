@@ -6,7 +6,8 @@ import pytest
 
 from engine_lib.batch import PackedBatch
 from engine_lib.engine import Engine
-from tiny_models import cosine_rows, hf_hidden_states, random_sequences, save_random_model, write_pooling, xlm_roberta_config
+from tiny_models import (cosine_rows, hf_hidden_states, random_sequences, save_random_model, write_pooling,
+                         xlm_roberta_config)
 
 LENGTHS = [1, 9, 64, 2, 37]
 

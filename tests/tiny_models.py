@@ -55,7 +55,8 @@ def save_random_model(model_cls, config, folder: str | os.PathLike, seed: int = 
 
 
 def write_pooling(folder: str | os.PathLike, mode: str) -> None:
-    key = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "lasttoken": "pooling_mode_lasttoken"}[mode]
+    key = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+           "lasttoken": "pooling_mode_lasttoken"}[mode]
     pooling = Path(folder) / "1_Pooling"
     pooling.mkdir(exist_ok=True)
     (pooling / "config.json").write_text(json.dumps({key: True}))

@@ -38,7 +38,8 @@ class Qwen3RotaryEmbedding(nn.Module):
     def init_buffers(self) -> None:
         """Fill the table in fp32 on the module's device (after loading and any dtype cast)."""
         device = self.cos_sin.device
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float, device=device) / self.head_dim))
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float, device=device) / self.head_dim
+        inv_freq = 1.0 / (self.theta ** exponents)
         freqs = torch.arange(self.max_positions, dtype=torch.float, device=device)[:, None] * inv_freq[None, :]
         self.cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_positions, head_dim] fp32
 
