@@ -1,8 +1,10 @@
 """Helpers shared by the model.py adapters (no triton import here)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from typing import Mapping
 
 
 def config_parameters(args: dict) -> dict[str, str]:
@@ -11,7 +13,13 @@ def config_parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
 
 
-def model_dir_override() -> dict[str, str]:
-    """The launcher's ROSE_MODEL_DIR wins over config.pbtxt (one model folder for all steps)."""
-    value = os.environ.get("ROSE_MODEL_DIR")
-    return {"model_dir": value} if value else {}
+def env_overrides(config_cls, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Launcher environment over config.pbtxt: ROSE_<FIELD> (e.g. ROSE_MODEL_DIR,
+    ROSE_MAX_BATCH_TOKENS) for each field of `config_cls`; empty values are ignored."""
+    environ = os.environ if environ is None else environ
+    overrides = {}
+    for field in dataclasses.fields(config_cls):
+        value = environ.get(f"ROSE_{field.name.upper()}")
+        if value:
+            overrides[field.name] = value
+    return overrides

@@ -4,7 +4,8 @@
 #   scripts/serve.sh [--host ADDR] [--http-port N] [--grpc-port N]
 #                    [--metrics-port N] [--model-dir DIR] [-- extra tritonserver flags]
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
-# all-MiniLM-L6-v2), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH).
+# all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
+# e.g. ROSE_MAX_BATCH_TOKENS), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
@@ -17,7 +18,7 @@ while [[ $# -gt 0 ]]; do
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --model-dir) export ROSE_MODEL_DIR="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

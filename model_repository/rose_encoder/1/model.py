@@ -6,7 +6,7 @@ from engine_lib.config import EncoderConfig
 from engine_lib.errors import InputError, OverloadError
 from engine_lib.options import RequestOptions
 from engine_lib.serving import build_service
-from engine_lib.triton_adapter import config_parameters, model_dir_override
+from engine_lib.triton_adapter import config_parameters, env_overrides
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -24,7 +24,7 @@ def _respond(sender, embeddings, error):
 class TritonPythonModel:
     def initialize(self, args):
         try:
-            config = EncoderConfig.from_parameters(config_parameters(args), **model_dir_override())
+            config = EncoderConfig.from_parameters(config_parameters(args), **env_overrides(EncoderConfig))
             self.service = build_service(config)
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
