@@ -60,12 +60,13 @@ class TokenizerConfig:
     document_prefix: str = ""
     max_texts_per_request: int = 4096
     max_text_bytes: int = 1 << 20
+    max_request_bytes: int = 4 << 20
 
     def __post_init__(self):
         if self.max_texts_per_request < 1:
             raise ValueError("max_texts_per_request must be >= 1")
-        if self.max_text_bytes < 1:
-            raise ValueError("max_text_bytes must be >= 1")
+        if self.max_text_bytes < 1 or self.max_request_bytes < 1:
+            raise ValueError("max_text_bytes and max_request_bytes must be >= 1")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "TokenizerConfig":
@@ -79,6 +80,7 @@ class EncoderConfig:
     max_batch_sequences: int = 256
     max_inflight_batches: int = 2
     max_queued_tokens: int = 1 << 20
+    max_queued_requests: int = 2048
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
@@ -86,7 +88,7 @@ class EncoderConfig:
 
     def __post_init__(self):
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
-                     "max_queued_tokens"):
+                     "max_queued_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):

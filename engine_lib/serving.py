@@ -13,13 +13,15 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from .batch import PackedBatch
-from .errors import InputError, OverloadError
+from .errors import InputError, OverloadError, RequestCancelled
+from .metrics import EncoderMetrics
 from .options import RequestOptions
 from .pooling import normalize_rows
 from .scheduler import FcfsBatcher, ScheduledSequence
@@ -36,6 +38,8 @@ class _PooledRequest:
     on_done: DoneCallback
     rows: np.ndarray
     remaining: int
+    is_cancelled: Optional[Callable[[], bool]] = None
+    checked_at: float = 0.0  # last cancellation check (or arrival), time.monotonic()
     finished: bool = False
 
 
@@ -50,11 +54,19 @@ class ServiceStats:
 
 class EncoderService:
     def __init__(self, engine, max_batch_tokens: int, max_batch_sequences: int,
-                 max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20):
+                 max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
+                 max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
+                 cancel_check_interval: float = 0.05):
         self.engine = engine
         self.output_dim = engine.hidden_size
         self.max_queued_tokens = max_queued_tokens
+        self.max_queued_requests = max_queued_requests
+        # A check is one IPC round trip in Triton's Python backend (~50 us here):
+        # a request is checked only once it has waited this long, then at most
+        # this often, so short waits under light load cost nothing.
+        self.cancel_check_interval = cancel_check_interval
         self.stats = ServiceStats()
+        self.metrics = metrics or EncoderMetrics()
         self._batcher = FcfsBatcher(max_batch_tokens, max_batch_sequences)
         self._requests: dict[int, _PooledRequest] = {}
         self._ids = itertools.count()
@@ -79,6 +91,9 @@ class EncoderService:
         longest = int(seq_lens.max())
         if longest > self.engine.max_positions:
             raise InputError(f"SEQ_LENS[{int(np.argmax(seq_lens))}] is {longest} tokens; the model takes at most {self.engine.max_positions}")
+        if input_ids.size > self.max_queued_tokens:
+            raise InputError(f"request has {input_ids.size} tokens, more than the encoder queue holds "
+                             f"(max_queued_tokens={self.max_queued_tokens}); split it")
         if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.engine.vocab_size):
             raise InputError(f"INPUT_IDS holds ids outside [0, {self.engine.vocab_size})")
         if options.dimensions > self.output_dim:
@@ -88,22 +103,51 @@ class EncoderService:
         return [ids[bounds[i]:bounds[i + 1]] for i in range(seq_lens.size)]
 
     def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options: RequestOptions,
-               on_done: DoneCallback) -> int:
-        """Queue one request; raises InputError/OverloadError before queuing anything."""
-        sequences = self.validate(input_ids, seq_lens, options)
+               on_done: DoneCallback, is_cancelled: Optional[Callable[[], bool]] = None) -> int:
+        """Queue one request; raises InputError/OverloadError before queuing anything.
+
+        `is_cancelled` is polled when the request's sequences are about to launch
+        (see cancel_check_interval); once it says True, the still-queued
+        sequences are dropped and `on_done` gets a RequestCancelled error.
+        """
+        try:
+            sequences = self.validate(input_ids, seq_lens, options)
+        except InputError:
+            self.metrics.count("rose_requests_total", outcome="invalid")
+            raise
         num_tokens = int(seq_lens.sum())
         with self._lock:
-            if self._closing:
-                raise OverloadError("the encoder is shutting down")
-            if self._batcher.queued_tokens + num_tokens > self.max_queued_tokens and len(self._batcher):
-                raise OverloadError(f"encoder queue is full ({self._batcher.queued_tokens} tokens queued, "
-                                    f"limit {self.max_queued_tokens}); retry later")
+            refusal = self._refusal(num_tokens)
+            if refusal is not None:
+                reason, message = refusal
+                self.metrics.count("rose_refused_total", reason=reason)
+                raise OverloadError(message)
             key = next(self._ids)
             rows = np.empty((len(sequences), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(sequences, options, on_done, rows, len(sequences))
+            self._requests[key] = _PooledRequest(sequences, options, on_done, rows, len(sequences),
+                                                 is_cancelled, time.monotonic())
             self._batcher.add(key, (len(s) for s in sequences))
             self._lock.notify()
         return key
+
+    def _refusal(self, num_tokens: int) -> Optional[tuple[str, str]]:
+        """(reason, message) if admission control refuses a request of `num_tokens` now."""
+        if self._closing:
+            return "shutting_down", "the encoder is shutting down; retry on another replica"
+        if len(self._requests) >= self.max_queued_requests:
+            return "queue_requests", (f"encoder queue is full ({len(self._requests)} requests pending, "
+                                      f"limit max_queued_requests={self.max_queued_requests}); retry later")
+        if self._batcher.queued_tokens + num_tokens > self.max_queued_tokens:
+            return "queue_tokens", (f"encoder queue is full ({self._batcher.queued_tokens} tokens queued "
+                                    f"+ {num_tokens} asked, limit max_queued_tokens={self.max_queued_tokens}); "
+                                    f"retry later")
+        return None
+
+    def queue_depth(self) -> dict[str, float]:
+        """Gauges: requests accepted and not yet answered, tokens not yet launched."""
+        with self._lock:
+            return {"rose_queue_requests": len(self._requests),
+                    "rose_queue_tokens": self._batcher.queued_tokens}
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop accepting work, finish everything queued and in flight."""
@@ -121,8 +165,16 @@ class EncoderService:
                 if not len(self._batcher):
                     break  # closing and drained
                 scheduled = self._batcher.next_batch()
-                sequences = [self._requests[s.request_key].sequences[s.index] for s in scheduled]
             self._inflight.acquire()
+            # Checked after the wait for a launch slot, right before launching.
+            scheduled = self._drop_cancelled(scheduled)
+            with self._lock:  # a failure on the completion thread may have answered some already
+                scheduled = [s for s in scheduled if s.request_key in self._requests]
+                sequences = [self._requests[s.request_key].sequences[s.index] for s in scheduled]
+            if not scheduled:
+                self._inflight.release()
+                continue
+            launched_at = time.perf_counter()
             try:
                 lazy = self.engine.step(PackedBatch.from_sequences(sequences))
             except Exception as exc:  # a failed step fails its requests, not the service
@@ -130,12 +182,39 @@ class EncoderService:
                 self._inflight.release()
                 self._fail(scheduled, exc)
                 continue
-            self._launched.put((scheduled, lazy))
+            self._launched.put((scheduled, lazy, launched_at))
         self._launched.put(None)
+
+    def _drop_cancelled(self, scheduled: list[ScheduledSequence]) -> list[ScheduledSequence]:
+        """Drop sequences of requests whose client has gone; answer those requests."""
+        cancelled = []
+        with self._lock:
+            requests = {s.request_key: self._requests.get(s.request_key) for s in scheduled}
+        now = time.monotonic()
+        for key, request in requests.items():
+            if request is None or request.is_cancelled is None:
+                continue
+            if now - request.checked_at < self.cancel_check_interval:
+                continue
+            request.checked_at = now
+            try:
+                if request.is_cancelled():
+                    cancelled.append(key)
+            except Exception:  # cannot tell: keep serving the request
+                log.exception("checking cancellation failed")
+        if not cancelled:
+            return scheduled
+        num_dropped = sum(s.request_key in cancelled for s in scheduled)
+        with self._lock:
+            num_dropped += sum(self._batcher.drop(key) for key in cancelled)
+        self.metrics.count("rose_cancelled_sequences_total", num_dropped)
+        for key in cancelled:
+            self._finish(key, requests[key], RequestCancelled("request cancelled by the client"))
+        return [s for s in scheduled if s.request_key not in cancelled]
 
     def _complete_loop(self) -> None:
         while (item := self._launched.get()) is not None:
-            scheduled, lazy = item
+            scheduled, lazy, launched_at = item
             try:
                 rows = lazy.wait()
             except Exception as exc:
@@ -144,15 +223,18 @@ class EncoderService:
                 continue
             finally:
                 self._inflight.release()
-            self._record(scheduled)
+            self._record(scheduled, time.perf_counter() - launched_at)
             for seq, row in zip(scheduled, rows):
                 self._deliver(seq, row)
 
-    def _record(self, scheduled: list[ScheduledSequence]) -> None:
+    def _record(self, scheduled: list[ScheduledSequence], seconds: float) -> None:
         tokens = sum(s.num_tokens for s in scheduled)
         self.stats.batches += 1
         self.stats.sequences += len(scheduled)
         self.stats.tokens += tokens
+        self.metrics.observe("rose_step_tokens", tokens)
+        self.metrics.observe("rose_step_sequences", len(scheduled))
+        self.metrics.observe("rose_step_seconds", seconds)
 
     def _deliver(self, seq: ScheduledSequence, row: np.ndarray) -> None:
         request = self._requests.get(seq.request_key)
@@ -166,26 +248,33 @@ class EncoderService:
     def _fail(self, scheduled: list[ScheduledSequence], exc: Exception) -> None:
         for key in {s.request_key for s in scheduled}:
             request = self._requests.get(key)
-            if request is not None and not request.finished:
+            if request is not None:
                 with self._lock:
                     self._batcher.drop(key)
                 self._finish(key, request, RuntimeError(f"inference failed: {exc}"))
 
     def _finish(self, key: int, request: _PooledRequest, error: Optional[Exception]) -> None:
-        request.finished = True
+        # Cancellation (scheduler thread) can race completion or failure
+        # (completion thread): whoever sets `finished` first answers, once.
         with self._lock:
+            if request.finished:
+                return
+            request.finished = True
             self._requests.pop(key, None)
         if error is not None:
             self.stats.requests_failed += 1
+            outcome = "cancelled" if isinstance(error, RequestCancelled) else "error"
             result = None
         else:
             self.stats.requests_done += 1
+            outcome = "ok"
             result = request.rows
             if request.options.dimensions:
                 result = result[:, :request.options.dimensions]
             if request.options.normalize:
                 result = normalize_rows(result)
             result = np.ascontiguousarray(result, dtype=np.float32)
+        self.metrics.count("rose_requests_total", outcome=outcome)
         try:
             request.on_done(result, error)
         except Exception:
@@ -204,4 +293,4 @@ def build_service(config) -> EncoderService:
     engine = Engine(resolve_model_dir(config.model_dir), device=config.device, dtype=config.dtype,
                     attention_backend=config.attention_backend)
     return EncoderService(engine, config.max_batch_tokens, config.max_batch_sequences,
-                          config.max_inflight_batches, config.max_queued_tokens)
+                          config.max_inflight_batches, config.max_queued_tokens, config.max_queued_requests)
