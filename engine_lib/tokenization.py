@@ -16,6 +16,8 @@ from .pooling import default_pooling, read_pooling_mode
 
 log = logging.getLogger(__name__)
 
+CUT_CHARS_PER_TOKEN = 32  # long texts are cut to this many characters per token of max_length
+
 QWEN3_DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 
 
@@ -83,6 +85,7 @@ class TextTokenizer:
             raise FileNotFoundError(f"{path}: model folder has no tokenizer.json")
         self.config = config
         self.max_length = max_length or read_max_length(model_dir)
+        self.cut_chars = self.max_length * CUT_CHARS_PER_TOKEN
         self._full = Tokenizer.from_file(path)
         self._full.no_padding()
         self._full.no_truncation()
@@ -115,6 +118,7 @@ class TextTokenizer:
         if raw.size > self.config.max_texts_per_request:
             raise InputError(f"TEXT has {raw.size} texts; at most {self.config.max_texts_per_request} per request")
         texts = []
+        total_bytes = 0
         for i, item in enumerate(raw):
             if isinstance(item, str):
                 item = item.encode("utf-8")
@@ -122,6 +126,9 @@ class TextTokenizer:
                 raise InputError(f"TEXT[{i}] is not a string")
             if len(item) > self.config.max_text_bytes:
                 raise InputError(f"TEXT[{i}] is {len(item)} bytes; at most {self.config.max_text_bytes}")
+            total_bytes += len(item)
+            if total_bytes > self.config.max_request_bytes:
+                raise InputError(f"TEXT holds more than {self.config.max_request_bytes} bytes in all; split the request")
             try:
                 text = item.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -136,7 +143,7 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts])."""
-        templated = [self.template(t, options.input_type) for t in texts]
+        templated = [self._cut_long(self.template(t, options.input_type)) for t in texts]
         extra = self.append_eos_id is not None
         encodings = [e.ids for e in self._full.encode_batch(templated)]
         too_long = [i for i, ids in enumerate(encodings) if len(ids) + extra > self.max_length]
@@ -152,3 +159,21 @@ class TextTokenizer:
         seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
         input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
         return input_ids, seq_lens
+
+    def _cut_long(self, text: str) -> str:
+        """`text`, or a prefix of it whose first max_length tokens are the text's own.
+
+        Tokenizing costs time linear in characters (seconds per MiB on a slow
+        core) and truncation only happens after it, so a long text is cut to
+        `cut_chars` first. The cut is kept only when the words before the cut
+        word already give more than max_length tokens: normalizer and
+        pre-tokenizer see local context only, so those tokens cannot change.
+        Otherwise (e.g. mostly whitespace) the whole text is tokenized.
+        """
+        if len(text) <= self.cut_chars:
+            return text
+        prefix = text[:self.cut_chars]
+        words = [w for w in self._full.encode(prefix, add_special_tokens=False).word_ids if w is not None]
+        if words and sum(w < words[-1] for w in words) > self.max_length:
+            return prefix
+        return text

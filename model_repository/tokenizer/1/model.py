@@ -3,7 +3,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.config import TokenizerConfig, resolve_model_dir
-from engine_lib.errors import InputError
+from engine_lib.errors import InputError, client_message
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization import TextTokenizer
 from engine_lib.triton_adapter import config_parameters, env_overrides
@@ -26,7 +26,7 @@ class TritonPythonModel:
             texts = self.tokenizer.decode_texts(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
             input_ids, seq_lens = self.tokenizer.encode(texts, options)
         except InputError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(exc), pb_utils.TritonError.INVALID_ARG))
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("INPUT_IDS", input_ids),
             pb_utils.Tensor("SEQ_LENS", seq_lens.astype(np.int64)),
