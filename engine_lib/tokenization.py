@@ -78,6 +78,15 @@ def read_max_length(model_dir: str) -> int:
     return min(limits)
 
 
+def check_vocab_matches(tokenizer: Tokenizer, path: str, model_cfg: dict, config_path: str) -> None:
+    """Refuse a tokenizer that can emit ids the model has no embedding for."""
+    vocab_size = model_cfg.get("vocab_size")
+    num_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    if isinstance(vocab_size, int) and num_tokens > vocab_size:
+        raise ValueError(f"{path}: the tokenizer has {num_tokens} tokens but {config_path} declares "
+                         f"vocab_size {vocab_size}; this tokenizer does not belong to this model")
+
+
 class TextTokenizer:
     def __init__(self, model_dir: str, config: TokenizerConfig, max_length: int | None = None):
         path = os.path.join(model_dir, "tokenizer.json")
@@ -98,6 +107,7 @@ class TextTokenizer:
         self._truncating = Tokenizer.from_file(path)
         self._truncating.no_padding()
         self._truncating.enable_truncation(self.max_length - (self.append_eos_id is not None))
+        check_vocab_matches(self._full, path, model_cfg, os.path.join(model_dir, "config.json"))
 
     def _eos_to_append(self, model_dir: str, model_cfg: dict) -> int | None:
         """Last-token pooling reads the EOS token: append it unless the tokenizer already does."""

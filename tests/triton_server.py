@@ -22,14 +22,14 @@ class TritonServer:
     """One tritonserver on loopback with free ports; `stop()` waits for exit."""
 
     def __init__(self, log_path: Path, env: dict | None = None, extra_args: list[str] | None = None,
-                 ready_timeout: float = 240.0):
+                 ready_timeout: float = 240.0, serve_args: list[str] | None = None):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.http_url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.log_path = log_path
         cmd = [str(REPO / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
-               "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port)]
+               "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port), *(serve_args or [])]
         if extra_args:
             cmd += ["--", *extra_args]
         self._log = open(log_path, "wb")
