@@ -2,13 +2,16 @@
 # Start Triton on this repository's model_repository (the README's serve
 # command; the container runs it too). Installs what it needs first.
 #   scripts/serve.sh [--host ADDR] [--http-port N] [--grpc-port N]
-#                    [--metrics-port N] [--model-dir DIR] [-- extra tritonserver flags]
+#                    [--metrics-port N] [--model-dir DIR] [--model-repository DIR]
+#                    [-- extra tritonserver flags]
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
-# e.g. ROSE_MAX_BATCH_TOKENS), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH).
+# e.g. ROSE_MAX_BATCH_TOKENS), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
+# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (secret for the admin APIs, below).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
+MODEL_REPOSITORY="$ROOT/model_repository"
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -17,6 +20,7 @@ while [[ $# -gt 0 ]]; do
     --grpc-port) GRPC_PORT="$2"; shift 2 ;;
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --model-dir) export ROSE_MODEL_DIR="$2"; shift 2 ;;
+    --model-repository) MODEL_REPOSITORY="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option $1" >&2; exit 2 ;;
@@ -39,13 +43,55 @@ else
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
+# Admin APIs (model control, shared memory, statistics, trace, logging) answer
+# only requests with header `rose-admin-key: <secret>` (gRPC metadata
+# `triton-grpc-protocol-rose-admin-key`). Without a configured secret the key
+# is random per start and never shown: the admin APIs are refused to everyone.
+ADMIN_APIS="model-repository,shared-memory,statistics,trace,logging"
+if [[ -n "${ROSE_ADMIN_KEY_FILE:-}" ]]; then
+  ADMIN_KEY="$(tr -d '[:space:]' <"$ROSE_ADMIN_KEY_FILE")"
+elif [[ -n "${ROSE_ADMIN_KEY:-}" ]]; then
+  ADMIN_KEY="$ROSE_ADMIN_KEY"
+else
+  ADMIN_KEY="$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')"
+fi
+unset ROSE_ADMIN_KEY ROSE_ADMIN_KEY_FILE
+if [[ ! "$ADMIN_KEY" =~ ^[A-Za-z0-9._~-]{16,}$ ]]; then
+  echo "serve.sh: the admin key must be 16+ characters of A-Z a-z 0-9 . _ ~ -" >&2; exit 2
+fi
+
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2
 echo "[serve] model folder: ${ROSE_MODEL_DIR:-embedded all-MiniLM-L6-v2}; ready when http://$HOST:$HTTP_PORT/v2/health/ready answers 200" >&2
-exec "$TRITONSERVER" \
-  --model-repository "$ROOT/model_repository" \
-  --backend-directory "$BACKENDS" \
-  --http-address "$HOST" --http-port "$HTTP_PORT" \
-  --grpc-address "$HOST" --grpc-port "$GRPC_PORT" \
-  --metrics-address "$HOST" --metrics-port "$METRICS_PORT" \
-  --model-control-mode none \
+ARGS=(
+  --model-repository "$MODEL_REPOSITORY"
+  --backend-directory "$BACKENDS"
+  --http-address "$HOST" --http-port "$HTTP_PORT"
+  --grpc-address "$HOST" --grpc-port "$GRPC_PORT"
+  --metrics-address "$HOST" --metrics-port "$METRICS_PORT"
+  --model-control-mode none
+  --http-restricted-api="$ADMIN_APIS:rose-admin-key=$ADMIN_KEY"
+  --grpc-restricted-protocol="$ADMIN_APIS:rose-admin-key=$ADMIN_KEY"
   "${EXTRA[@]}"
+)
+if [[ "${ROSE_WATCHDOG:-1}" == "0" ]]; then
+  exec "$TRITONSERVER" "${ARGS[@]}"
+fi
+# Supervised (default): Triton 2.51 never recovers from a dead Python model
+# stub, so scripts/watchdog.py stops such a server (exit 3) and this loop starts
+# a fresh one. SIGTERM/SIGINT stop the server and end the loop.
+STOPPING=0 TRITON_PID="" WATCHDOG_PID=""
+trap 'STOPPING=1; [[ -n "$TRITON_PID" ]] && kill -TERM "$TRITON_PID" 2>/dev/null' TERM INT
+while true; do
+  "$TRITONSERVER" "${ARGS[@]}" &
+  TRITON_PID=$!
+  python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
+    --interval "${ROSE_WATCHDOG_INTERVAL:-5}" &
+  WATCHDOG_PID=$!
+  status=0
+  while kill -0 "$TRITON_PID" 2>/dev/null; do status=0; wait "$TRITON_PID" || status=$?; done
+  if [[ "$STOPPING" == 1 ]]; then kill "$WATCHDOG_PID" 2>/dev/null; exit "$status"; fi
+  verdict=0
+  wait "$WATCHDOG_PID" || verdict=$?
+  [[ "$verdict" == 3 && "$STOPPING" == 0 ]] || exit "$status"
+  echo "[serve] a model stub died (see [watchdog] above); starting a fresh tritonserver" >&2
+done
