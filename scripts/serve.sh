@@ -7,7 +7,8 @@
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
 # e.g. ROSE_MAX_BATCH_TOKENS), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
-# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (secret for the admin APIs, below).
+# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_WATCHDOG=0
+# (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
