@@ -1,0 +1,223 @@
+"""Overload and faults on a second real server with small queue limits:
+admission control, the bounded tokenizer queue, the admin key, and a killed
+encoder stub (the watchdog restarts the server). The kill test runs last."""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
+from engine_lib.config import TokenizerConfig
+from engine_lib.options import RequestOptions
+from engine_lib.tokenization import TextTokenizer
+from texts import LONG_TEXTS, MEDIUM_TEXTS
+from triton_server import REPO, TritonServer
+
+ADMIN_KEY = "test-admin-key-0123456789"
+LIMITS = {  # (model, parameter or queue size) -> value
+    ("rose_encoder", "max_queued_tokens"): ("1048576", "3000"),
+    ("rose_encoder", "max_queued_requests"): ("2048", "6"),
+    ("tokenizer", "max_queue_size"): ("128", "2"),
+    ("embed", "max_queue_size"): ("128", "2"),
+}
+
+
+def small_limits_repository(dest):
+    shutil.copytree(REPO / "model_repository", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for (model, key), (old, new) in LIMITS.items():
+        config = dest / model / "config.pbtxt"
+        text = config.read_text()
+        pattern = f'"{key}", value: {{ string_value: "{old}" }}' if key.startswith("max_queued") \
+            else f"{key}: {old}"
+        assert pattern in text, f"{config} no longer has {pattern}"
+        config.write_text(text.replace(pattern, pattern.replace(old, new)))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("limited")
+    instance = TritonServer(folder / "server.log", serve_args=["--model-repository",
+                                                               str(small_limits_repository(folder / "repo"))],
+                            env={"ROSE_ADMIN_KEY": ADMIN_KEY, "ROSE_WATCHDOG_INTERVAL": "1"})
+    yield instance
+    instance.stop()
+
+
+def encode_ids(grpc_url, input_ids, seq_lens, timeout=60):
+    """One pre-tokenized request straight to rose_encoder (gRPC stream) -> rows or the error."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        inputs = [grpcclient.InferInput("INPUT_IDS", [len(input_ids)], "INT64"),
+                  grpcclient.InferInput("SEQ_LENS", [len(seq_lens)], "INT64")]
+        inputs[0].set_data_from_numpy(input_ids)
+        inputs[1].set_data_from_numpy(seq_lens)
+        client.async_stream_infer("rose_encoder", inputs)
+        result, error = results.get(timeout=timeout)
+    finally:
+        client.stop_stream()
+        client.close()
+    return (None, error) if error is not None else (result.as_numpy("EMBEDDINGS"), None)
+
+
+def metric_value(metrics_url, prefix):
+    body = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(prefix))
+
+
+def test_admin_apis_answer_only_with_the_key(limited):
+    def stats(headers):
+        request = urllib.request.Request(f"http://{limited.http_url}/v2/models/stats", headers=headers)
+        try:
+            return urllib.request.urlopen(request, timeout=5).status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert stats({"rose-admin-key": ADMIN_KEY}) == 200
+    assert stats({"rose-admin-key": "wrong-key-0123456789"}) == 403
+    assert stats({}) == 403
+    client = grpcclient.InferenceServerClient(limited.grpc_url)
+    assert client.get_inference_statistics(headers={"triton-grpc-protocol-rose-admin-key": ADMIN_KEY})
+    with pytest.raises(InferenceServerException, match="restricted"):
+        client.get_inference_statistics()
+
+
+def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limited, model_dir, reference_model):
+    tokenizer = TextTokenizer(model_dir, TokenizerConfig())
+    texts = [LONG_TEXTS[i % 3] + f" request {i}" for i in range(4)]
+    input_ids, seq_lens = tokenizer.encode(texts, RequestOptions())  # ~1000 tokens: 3 fill the queue
+    reference = reference_model.encode(texts, normalize_embeddings=True)
+
+    def one(_):
+        started = time.monotonic()
+        rows, error = encode_ids(limited.grpc_url, input_ids, seq_lens)
+        return rows, error, time.monotonic() - started
+
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(one, range(16)))
+    refused = [(e, s) for r, e, s in outcomes if e is not None]
+    accepted = [r for r, e, s in outcomes if e is None]
+    assert refused and accepted
+    assert all("overloaded: encoder queue is full" in str(e) for e, _ in refused), refused[0]
+    assert max(s for _, s in refused) < 5
+    for rows in accepted:
+        np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+    deadline = time.monotonic() + 5
+    while metric_value(limited.metrics_url, "rose_refused_total") < len(refused):
+        assert time.monotonic() < deadline, "rose_refused_total never counted the refusals"
+        time.sleep(0.2)
+
+
+def test_tokenizer_queue_is_bounded(limited):
+    slow_text = "x" * (512 << 10)  # one 512 KiB word: tokenizing it takes most of a second
+
+    def one(_):
+        try:
+            embed_stream(limited.grpc_url, [slow_text])
+            return None
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(8) as pool:
+        errors = [e for e in pool.map(one, range(8)) if e is not None]
+    assert errors, "8 concurrent requests never overflowed a tokenizer queue of 2"
+    assert all("Exceeds maximum queue size" in str(e) for e in errors), errors[0]
+
+
+def flood(way, url, texts, count):
+    """`count` concurrent calls -> the client errors they got."""
+    def one(_):
+        try:
+            way(url, texts)
+            return None
+        except (InferenceServerException, urllib.error.HTTPError) as exc:
+            return exc
+
+    with ThreadPoolExecutor(count) as pool:
+        return [e for e in pool.map(one, range(count)) if e is not None]
+
+
+@pytest.mark.parametrize("way, status", [(embed_unary_grpc, "StatusCode.UNAVAILABLE"), (embed_unary_http, 503)])
+def test_unary_front_queue_is_bounded_and_reads_unavailable(limited, way, status):
+    url = limited.grpc_url if "grpc" in way.__name__ else limited.http_url
+    errors = flood(way, url, MEDIUM_TEXTS, 12)
+    assert errors, "12 concurrent unary calls never overflowed the embed queue of 2"
+    for error in errors:
+        assert "Exceeds maximum queue size" in str(error)
+        assert (error.status() if status != 503 else int(error.status())) == status
+
+
+def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
+    texts = [t + " overload" for t in LONG_TEXTS] + LONG_TEXTS[:1]  # ~1000 tokens: 3 fill the queue
+    errors = flood(embed_generate, limited.http_url, texts, 12)
+    assert errors, "12 concurrent generate calls never overflowed a queue"
+    for code, body in [(e.code, e.read().decode()) for e in errors]:
+        assert code == 400  # Triton 2.51's generate answers every error with 400
+        assert "overloaded: encoder queue is full" in body or "Exceeds maximum queue size" in body, body
+
+
+def children(pid):
+    """(pid, command line) of the processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append((int(entry), cmdline))
+    return found
+
+
+def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(limited):
+    (triton_pid, _), = [c for c in children(limited.process.pid) if "bin/tritonserver" in c[1]]
+    (stub_pid, _), = [c for c in children(triton_pid) if "rose_encoder/1/model.py" in c[1]]
+    texts = MEDIUM_TEXTS * 4
+    outcomes: queue.Queue = queue.Queue()
+
+    def call(way, url):
+        started = time.monotonic()
+        try:
+            way(url, texts)
+            outcomes.put((way.__name__, "ok", time.monotonic() - started))
+        except Exception as exc:  # any client error type counts: what matters is that it ends
+            outcomes.put((way.__name__, repr(exc), time.monotonic() - started))
+
+    paths = [(embed_stream, limited.grpc_url), (embed_unary_grpc, limited.grpc_url),
+             (embed_unary_http, limited.http_url), (embed_generate, limited.http_url)]
+    threads = [threading.Thread(target=call, args=path, daemon=True) for path in paths * 2]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    os.kill(stub_pid, signal.SIGKILL)
+    results = [outcomes.get(timeout=60) for _ in threads]  # a hang fails here
+    assert all(seconds < 60 for _, _, seconds in results)
+    assert any(outcome != "ok" for _, outcome, _ in results), "the kill hit no request in flight"
+    deadline = time.monotonic() + 120
+    while not (limited.is_ready() and triton_pid not in [c[0] for c in children(limited.process.pid)]):
+        assert time.monotonic() < deadline, f"server did not come back:\n{limited.log_tail()}"
+        time.sleep(1)
+    assert embed_stream(limited.grpc_url, ["back again"]).shape == (1, 384)
+    assert embed_unary_http(limited.http_url, ["back again"]).shape == (1, 384)
+    log = limited.log_tail(200_000)
+    assert "Stub process 'rose_encoder_0_0' is not healthy" in log
+    assert "[serve] a model stub died" in log
