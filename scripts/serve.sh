@@ -28,22 +28,6 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-if [[ "${ROSE_SKIP_SETUP:-0}" == "1" ]]; then
-  TRITONSERVER="$(command -v tritonserver)"
-  BACKENDS="${TRITON_BACKEND_DIR:-/opt/tritonserver/backends}"
-else
-  "$ROOT/scripts/setup.sh"
-  VENV="${ROSE_VENV:-$ROOT/.venv}"
-  TRITONSERVER="$ROOT/build/pytriton/tritonserver/bin/tritonserver"
-  BACKENDS="$ROOT/build/pytriton/tritonserver/backends"
-  # The Python stub finds site-packages through python3 on PATH and must load
-  # the libpython of the venv's own interpreter (DESIGN.md fact 1).
-  export PATH="$VENV/bin:$PATH"
-  LIBDIR="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')"
-  export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-
 # Admin APIs (model control, shared memory, statistics, trace, logging) answer
 # only requests with header `rose-admin-key: <secret>` (gRPC metadata
 # `triton-grpc-protocol-rose-admin-key`). Without a configured secret the key
@@ -60,6 +44,22 @@ unset ROSE_ADMIN_KEY ROSE_ADMIN_KEY_FILE
 if [[ ! "$ADMIN_KEY" =~ ^[A-Za-z0-9._~-]{16,}$ ]]; then
   echo "serve.sh: the admin key must be 16+ characters of A-Z a-z 0-9 . _ ~ -" >&2; exit 2
 fi
+
+if [[ "${ROSE_SKIP_SETUP:-0}" == "1" ]]; then
+  TRITONSERVER="$(command -v tritonserver)"
+  BACKENDS="${TRITON_BACKEND_DIR:-/opt/tritonserver/backends}"
+else
+  "$ROOT/scripts/setup.sh"
+  VENV="${ROSE_VENV:-$ROOT/.venv}"
+  TRITONSERVER="$ROOT/build/pytriton/tritonserver/bin/tritonserver"
+  BACKENDS="$ROOT/build/pytriton/tritonserver/backends"
+  # The Python stub finds site-packages through python3 on PATH and must load
+  # the libpython of the venv's own interpreter (DESIGN.md fact 1).
+  export PATH="$VENV/bin:$PATH"
+  LIBDIR="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')"
+  export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2
 echo "[serve] model folder: ${ROSE_MODEL_DIR:-embedded all-MiniLM-L6-v2}; ready when http://$HOST:$HTTP_PORT/v2/health/ready answers 200" >&2

@@ -22,6 +22,7 @@ from embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_
 from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization import TextTokenizer
+from reliability_helpers import children, encode_ids, metric_value
 from texts import LONG_TEXTS, MEDIUM_TEXTS
 from triton_server import REPO, TritonServer
 
@@ -54,29 +55,6 @@ def limited(tmp_path_factory):
                             env={"ROSE_ADMIN_KEY": ADMIN_KEY, "ROSE_WATCHDOG_INTERVAL": "1"})
     yield instance
     instance.stop()
-
-
-def encode_ids(grpc_url, input_ids, seq_lens, timeout=60):
-    """One pre-tokenized request straight to rose_encoder (gRPC stream) -> rows or the error."""
-    client = grpcclient.InferenceServerClient(grpc_url)
-    results: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    try:
-        inputs = [grpcclient.InferInput("INPUT_IDS", [len(input_ids)], "INT64"),
-                  grpcclient.InferInput("SEQ_LENS", [len(seq_lens)], "INT64")]
-        inputs[0].set_data_from_numpy(input_ids)
-        inputs[1].set_data_from_numpy(seq_lens)
-        client.async_stream_infer("rose_encoder", inputs)
-        result, error = results.get(timeout=timeout)
-    finally:
-        client.stop_stream()
-        client.close()
-    return (None, error) if error is not None else (result.as_numpy("EMBEDDINGS"), None)
-
-
-def metric_value(metrics_url, prefix):
-    body = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(prefix))
 
 
 def test_admin_apis_answer_only_with_the_key(limited):
@@ -168,24 +146,6 @@ def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
     for code, body in [(e.code, e.read().decode()) for e in errors]:
         assert code == 400  # Triton 2.51's generate answers every error with 400
         assert "overloaded: encoder queue is full" in body or "Exceeds maximum queue size" in body, body
-
-
-def children(pid):
-    """(pid, command line) of the processes whose parent is `pid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == pid:
-            found.append((int(entry), cmdline))
-    return found
 
 
 def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(limited):
