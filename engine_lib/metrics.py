@@ -44,6 +44,15 @@ SPECS = {spec.name: spec for spec in (
 )}
 
 
+# Label sets created at zero on start, so every series is on /metrics before it first moves.
+INITIAL_LABELS = {
+    "rose_requests_total": [{"outcome": o} for o in ("ok", "invalid", "error", "cancelled")],
+    "rose_refused_total": [{"reason": r} for r in ("queue_tokens", "queue_requests", "shutting_down")],
+    "rose_cancelled_sequences_total": [{}],
+    "rose_step_tokens": [{}], "rose_step_sequences": [{}], "rose_step_seconds": [{}],
+}
+
+
 class MetricSink(Protocol):
     def increment(self, name: str, labels: Labels, amount: float) -> None: ...
 
@@ -109,11 +118,13 @@ class MetricsPublisher:
         self._thread.join(5 * self._interval + 1)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
             try:
                 self.publish()
             except Exception:  # a broken sink must not kill the encoder; keep trying
                 log.exception("publishing metrics failed")
+            if self._stop.wait(self._interval):
+                break
         self.publish()
 
 
@@ -128,6 +139,9 @@ class TritonMetricSink:
                                                        kind=kinds[spec.kind])
                           for name, spec in SPECS.items()}
         self._metrics: dict[tuple[str, Labels], object] = {}
+        for name, label_sets in INITIAL_LABELS.items():
+            for labels in label_sets:
+                self._metric(name, tuple(sorted(labels.items())))
 
     def _metric(self, name: str, labels: Labels):
         key = (name, labels)

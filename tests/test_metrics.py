@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import types
 
-from engine_lib.metrics import SPECS, EncoderMetrics, MetricsPublisher, TritonMetricSink
+from engine_lib.metrics import INITIAL_LABELS, SPECS, EncoderMetrics, MetricsPublisher, TritonMetricSink
 
 
 class RecordingSink:
@@ -99,14 +99,16 @@ def fake_pb_utils():
 def test_triton_sink_makes_one_metric_per_label_set():
     pb_utils, created = fake_pb_utils()
     sink = TritonMetricSink(pb_utils, {"model": "rose_encoder"})
+    initial = len(created)
+    assert initial == sum(len(v) for v in INITIAL_LABELS.values())
     sink.increment("rose_refused_total", (("reason", "queue_tokens"),), 1)
     sink.increment("rose_refused_total", (("reason", "queue_tokens"),), 2)
-    sink.increment("rose_refused_total", (("reason", "queue_requests"),), 1)
+    sink.increment("rose_refused_total", (("reason", "unheard_of"),), 1)
     sink.observe("rose_step_seconds", (), 0.01)
-    assert len(created) == 3
-    refused = created[0]
-    assert refused.labels == {"model": "rose_encoder", "reason": "queue_tokens"}
+    assert len(created) == initial + 1  # only the new label set made a metric
+    by_labels = {(m.family.name, tuple(sorted(m.labels.items()))): m for m in created}
+    refused = by_labels[("rose_refused_total", (("model", "rose_encoder"), ("reason", "queue_tokens")))]
     assert refused.ops == [("increment", 1), ("increment", 2)]
-    histogram = created[2]
-    assert histogram.family.kind == "h"
+    histogram = by_labels[("rose_step_seconds", (("model", "rose_encoder"),))]
+    assert histogram.family.kind == "h" and histogram.ops == [("observe", 0.01)]
     assert histogram.buckets == list(SPECS["rose_step_seconds"].buckets)
