@@ -27,7 +27,12 @@ class RequestOptions:
     @classmethod
     def from_parameters(cls, params: dict | str | None) -> "RequestOptions":
         if isinstance(params, str):
-            params = json.loads(params) if params else {}
+            try:
+                params = json.loads(params) if params else {}
+            except ValueError:
+                raise InputError("request parameters are not valid JSON") from None
+        if not isinstance(params, (dict, type(None))):
+            raise InputError(f"request parameters must be a JSON object, got {type(params).__name__}")
         params = {k: v for k, v in (params or {}).items() if not k.startswith("triton_")}
         known = {"input_type", "truncate", "normalize", "dimensions"}
         unknown = sorted(set(params) - known)
@@ -37,7 +42,7 @@ class RequestOptions:
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}")
         dimensions = params.get("dimensions", 0)
-        if isinstance(dimensions, str) and dimensions.isdigit():
+        if isinstance(dimensions, str) and dimensions.isascii() and dimensions.isdigit():
             dimensions = int(dimensions)
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 0:
             raise InputError(f"parameter 'dimensions' must be a non-negative integer, got {dimensions!r}")
