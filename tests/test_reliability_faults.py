@@ -28,7 +28,7 @@ from triton_server import REPO, TritonServer
 
 ADMIN_KEY = "test-admin-key-0123456789"
 LIMITS = {  # (model, parameter or queue size) -> value
-    ("rose_encoder", "max_queued_tokens"): ("1048576", "3000"),
+    ("rose_encoder", "max_queued_tokens"): ("1048576", "6000"),
     ("rose_encoder", "max_queued_requests"): ("2048", "6"),
     ("tokenizer", "max_queue_size"): ("128", "2"),
     ("embed", "max_queue_size"): ("128", "2"),
@@ -77,7 +77,7 @@ def test_admin_apis_answer_only_with_the_key(limited):
 def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limited, model_dir, reference_model):
     tokenizer = TextTokenizer(model_dir, TokenizerConfig())
     texts = [LONG_TEXTS[i % 3] + f" request {i}" for i in range(4)]
-    input_ids, seq_lens = tokenizer.encode(texts, RequestOptions())  # ~1000 tokens: 3 fill the queue
+    input_ids, seq_lens = tokenizer.encode(texts, RequestOptions())  # ~1000 tokens; 6 requests fill the queue
     reference = reference_model.encode(texts, normalize_embeddings=True)
 
     def one(_):
@@ -148,34 +148,69 @@ def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
         assert "overloaded: encoder queue is full" in body or "Exceeds maximum queue size" in body, body
 
 
+def server_rss_mib(serve_pid):
+    """(current, peak) resident memory of tritonserver and its model stubs, in MiB."""
+    (triton_pid, _), = [c for c in children(serve_pid) if "bin/tritonserver" in c[1]]
+    current = peak = 0
+    for pid in [triton_pid] + [p for p, _ in children(triton_pid)]:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        current += int(fields["VmRSS"].split()[0])
+        peak += int(fields["VmHWM"].split()[0])
+    return current / 1024, peak / 1024
+
+
+def test_memory_stays_bounded_under_a_flood(limited, model_dir, record_property):
+    texts = [LONG_TEXTS[i % 3] + f" flood {i}" for i in range(4)]
+    input_ids, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    before, _ = server_rss_mib(limited.process.pid)
+    started = time.monotonic()
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(lambda _: encode_ids(limited.grpc_url, input_ids, seq_lens)[1], range(400)))
+    refused = sum(e is not None for e in outcomes)
+    after, peak = server_rss_mib(limited.process.pid)
+    summary = (f"flood: 400 requests of {int(seq_lens.sum())} tokens from 32 threads in "
+               f"{time.monotonic() - started:.1f}s, {refused} refused; server RSS {before:.0f} MiB before, "
+               f"{after:.0f} MiB after, peak {peak:.0f} MiB")
+    print(summary)
+    record_property("flood", summary)
+    assert refused > 200 and all("overloaded" in str(e) for e in outcomes if e is not None)
+    assert after - before < 200, summary
+
+
 def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(limited):
     (triton_pid, _), = [c for c in children(limited.process.pid) if "bin/tritonserver" in c[1]]
     (stub_pid, _), = [c for c in children(triton_pid) if "rose_encoder/1/model.py" in c[1]]
-    texts = MEDIUM_TEXTS * 4
     outcomes: queue.Queue = queue.Queue()
 
-    def call(way, url):
-        started = time.monotonic()
+    def call(way, url, number):  # ~1000 tokens each: five fit the encoder's queue limits
+        texts = [t + f" in flight {number}" for t in LONG_TEXTS] + LONG_TEXTS[:1]
         try:
             way(url, texts)
-            outcomes.put((way.__name__, "ok", time.monotonic() - started))
+            outcomes.put((way.__name__, "ok", time.monotonic()))
         except Exception as exc:  # any client error type counts: what matters is that it ends
-            outcomes.put((way.__name__, repr(exc), time.monotonic() - started))
+            outcomes.put((way.__name__, repr(exc)[:80], time.monotonic()))
 
     paths = [(embed_stream, limited.grpc_url), (embed_unary_grpc, limited.grpc_url),
-             (embed_unary_http, limited.http_url), (embed_generate, limited.http_url)]
-    threads = [threading.Thread(target=call, args=path, daemon=True) for path in paths * 2]
+             (embed_unary_http, limited.http_url), (embed_generate, limited.http_url), (embed_stream, limited.grpc_url)]
+    threads = [threading.Thread(target=call, args=(*path, i), daemon=True) for i, path in enumerate(paths)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+        time.sleep(0.1)  # staggered: the small tokenizer and embed queues take them all
+    deadline = time.monotonic() + 10
+    while metric_value(limited.metrics_url, "rose_queue_requests") < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(stub_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
     results = [outcomes.get(timeout=60) for _ in threads]  # a hang fails here
-    assert all(seconds < 60 for _, _, seconds in results)
+    print(f"in flight at the kill: {[(way, outcome, round(t - killed_at, 1)) for way, outcome, t in results]}")
+    assert all(outcome != "ok" for _, outcome, t in results if t > killed_at + 0.5)
     assert any(outcome != "ok" for _, outcome, _ in results), "the kill hit no request in flight"
     deadline = time.monotonic() + 120
     while not (limited.is_ready() and triton_pid not in [c[0] for c in children(limited.process.pid)]):
         assert time.monotonic() < deadline, f"server did not come back:\n{limited.log_tail()}"
         time.sleep(1)
+    print(f"ready again {time.monotonic() - killed_at:.1f}s after the kill")
     assert embed_stream(limited.grpc_url, ["back again"]).shape == (1, 384)
     assert embed_unary_http(limited.http_url, ["back again"]).shape == (1, 384)
     log = limited.log_tail(200_000)
