@@ -77,11 +77,15 @@ ARGS=(
 if [[ "${ROSE_WATCHDOG:-1}" == "0" ]]; then
   exec "$TRITONSERVER" "${ARGS[@]}"
 fi
+if [[ ! -f "$ROOT/scripts/watchdog.py" ]]; then
+  echo "[serve] WARNING: $ROOT/scripts/watchdog.py is missing; running without the watchdog" >&2
+  exec "$TRITONSERVER" "${ARGS[@]}"
+fi
 # Supervised (default): Triton 2.51 never recovers from a dead Python model
 # stub, so scripts/watchdog.py stops such a server (exit 3) and this loop starts
 # a fresh one. SIGTERM/SIGINT stop the server and end the loop.
 STOPPING=0 TRITON_PID="" WATCHDOG_PID=""
-trap 'STOPPING=1; [[ -n "$TRITON_PID" ]] && kill -TERM "$TRITON_PID" 2>/dev/null' TERM INT
+trap 'STOPPING=1; [[ -z "$TRITON_PID" ]] || kill -TERM "$TRITON_PID" 2>/dev/null || true' TERM INT
 while true; do
   "$TRITONSERVER" "${ARGS[@]}" &
   TRITON_PID=$!
@@ -90,7 +94,7 @@ while true; do
   WATCHDOG_PID=$!
   status=0
   while kill -0 "$TRITON_PID" 2>/dev/null; do status=0; wait "$TRITON_PID" || status=$?; done
-  if [[ "$STOPPING" == 1 ]]; then kill "$WATCHDOG_PID" 2>/dev/null; exit "$status"; fi
+  if [[ "$STOPPING" == 1 ]]; then kill "$WATCHDOG_PID" 2>/dev/null || true; exit "$status"; fi
   verdict=0
   wait "$WATCHDOG_PID" || verdict=$?
   [[ "$verdict" == 3 && "$STOPPING" == 0 ]] || exit "$status"
