@@ -6,6 +6,9 @@ launches them (`engine.step` returns a LazyTensor at once); at most
 while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
 exactly once, when all its sequences are done (or with an error).
+Admission control bounds the pool (requests pending, tokens queued): past a
+bound `submit` raises OverloadError at once. A cancelled request's sequences
+are dropped when they come up for launch. docs/operations.md has the limits.
 """
 from __future__ import annotations
 
