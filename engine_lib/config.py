@@ -84,6 +84,9 @@ class EncoderConfig:
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
+    cuda_graphs: str = "auto"
+    max_graph_tokens: int = 4096
+    max_graph_seqs: int = 64
     num_threads: int = 0
 
     def __post_init__(self):
@@ -95,6 +98,10 @@ class EncoderConfig:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graphs must be auto, on or off, got {self.cuda_graphs!r}")
+        if self.max_graph_tokens < 64 or self.max_graph_seqs < 1:
+            raise ValueError("max_graph_tokens must be >= 64 and max_graph_seqs >= 1")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0 = torch default)")
 

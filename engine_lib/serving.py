@@ -294,6 +294,7 @@ def build_service(config) -> EncoderService:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     engine = Engine(resolve_model_dir(config.model_dir), device=config.device, dtype=config.dtype,
-                    attention_backend=config.attention_backend)
+                    attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
+                    max_graph_tokens=config.max_graph_tokens, max_graph_seqs=config.max_graph_seqs)
     return EncoderService(engine, config.max_batch_tokens, config.max_batch_sequences,
                           config.max_inflight_batches, config.max_queued_tokens, config.max_queued_requests)
