@@ -63,7 +63,8 @@ def test_start_command_is_the_local_launcher():
     assert all(arg.startswith("--") for arg in command[4:])  # tritonserver flags only
     assert "ENTRYPOINT" not in dict(instructions())  # the base image's entrypoint execs CMD
     assert only("WORKDIR") == "/opt/rose"
-    assert "scripts/serve.sh scripts/serve.sh" in [args for kw, args in instructions() if kw == "COPY"]
+    # the launcher and the watchdog it starts (serve.sh runs without it, with a warning)
+    assert "scripts/serve.sh scripts/watchdog.py scripts/" in [args for kw, args in instructions() if kw == "COPY"]
     assert image_env()["ROSE_SKIP_SETUP"] == "1"
 
 

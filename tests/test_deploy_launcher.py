@@ -50,8 +50,8 @@ def test_container_start_path_serves(container_mode_server, reference_model):
 
 
 def test_sigterm_finishes_the_request_in_flight(container_mode_server):
-    """Kubernetes sends SIGTERM to the container's main process (tritonserver,
-    exec'd by serve.sh); what is in flight must still be answered."""
+    """Kubernetes sends SIGTERM to the container's main process (serve.sh, which
+    passes it on to tritonserver); what is in flight must still be answered."""
     texts = [f"request {i} in flight while the pod is told to stop " * 6 for i in range(100)]
     client = grpcclient.InferenceServerClient(container_mode_server.grpc_url)
     responses: queue.Queue = queue.Queue()
