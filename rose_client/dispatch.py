@@ -135,6 +135,12 @@ class _Job:
                 try:
                     rows = slot.embed(self.texts_of(task.chunk), self.parameters)
                 except ReplicaError as exc:
+                    if exc.input_rejected:
+                        chunk = task.chunk
+                        with self.cond:
+                            self._fail_job(f"chunk {chunk.index} (texts {chunk.start}..{chunk.stop - 1}) "
+                                           f"was refused: {exc}")
+                        return
                     self._replica_failed(replica, task, counts_for_chunk=True, reason=str(exc))
                     continue
                 with self.cond:

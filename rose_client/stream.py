@@ -21,6 +21,9 @@ class ReplicaError(RuntimeError):
     def __init__(self, url: str, message: str):
         super().__init__(f"{url}: {message}")
         self.url = url
+        # The server tags errors caused by the request itself (docs/operations.md):
+        # every replica would refuse it the same way, so it is not retried.
+        self.input_rejected = "invalid input:" in message
 
 
 def _text_tensor(texts: list[str]) -> grpcclient.InferInput:

@@ -104,3 +104,24 @@ def test_no_replica_answering_fails_the_job_in_bounded_time():
     with pytest.raises(JobFailed, match="no replica answered"):
         run_job([FakeReplica("a", die_after=0), FakeReplica("b", die_after=0)])
     assert time.monotonic() - started < 5
+
+
+def test_a_chunk_refused_as_invalid_input_fails_at_once_without_retries():
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    by_url = {r.url: r for r in replicas}
+
+    def refusing_slot(url):
+        slot = by_url[url].slot()
+
+        def embed(texts, parameters):
+            by_url[url].calls += 1
+            raise ReplicaError(url, "[StatusCode.INVALID_ARGUMENT] invalid input: TEXT[0] is empty")
+
+        slot.embed = embed
+        return slot
+
+    dispatcher = Dispatcher(list(by_url), refusing_slot, 2, FAST)
+    chunks = plan_chunks([1] * 4, 10, 100)
+    with pytest.raises(JobFailed, match=r"chunk 0 \(texts 0\.\.3\) was refused: .*TEXT\[0\] is empty"):
+        dispatcher.run(chunks, lambda c: [f"t{i}" for i in range(c.start, c.stop)], lambda c, r: None)
+    assert sum(r.calls for r in replicas) == 1
