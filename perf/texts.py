@@ -37,7 +37,8 @@ class TextMaker:
         plain = self.tokenizer.encode(self.corpus, add_special_tokens=False)
         self.offsets = plain.offsets
         # Texts start at sentence starts, like real documents.
-        self.starts = [i for i in range(1, len(plain.tokens)) if plain.tokens[i - 1] == "."]
+        tokens = plain.tokens  # a property that copies the whole list: read it once
+        self.starts = [i for i in range(1, len(tokens)) if tokens[i - 1] == "."]
         self.num_specials = len(self.tokenizer.encode("a").ids) - 1
 
     def count(self, text: str) -> int:
