@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,12 @@ def plot(json_path: Path) -> None:
                    env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(f"stopped by signal {signum}")  # so the finally below stops every server it started
+
+
 def cmd_run(args) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     profile = PROFILES[args.profile]
     names = args.targets.split(",") if args.targets else list(profile.default_targets)
     cells = [c.scaled(args.scale) if args.scale != 1 else c for c in profile.cells

@@ -29,7 +29,7 @@ class Reference:
     def __init__(self, model_dir: str, max_positions: int):
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(model_dir, device="cpu")
+        self.model = SentenceTransformer(model_dir)  # fp32, CUDA where there is one
         self.text_max = self.model.max_seq_length
         self.max_positions = max_positions
 

@@ -22,7 +22,7 @@ from perf.measure import latency_loop, threaded_loop
 def sentence_transformers_encoder(model_dir: str, max_length: int):
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(model_dir, device="cpu")
+    model = SentenceTransformer(model_dir)  # CUDA where there is one
     model.max_seq_length = max_length
 
     def encode(texts):
