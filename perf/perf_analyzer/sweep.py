@@ -1,6 +1,6 @@
 """perf_analyzer sweep: concurrency x texts per request, on `ensemble` (--streaming) and the unary `embed`.
 
-    python -m perf.perf_analyzer.sweep --grpc-url 127.0.0.1:8001 [--concurrency 1,2,4,8] [--sizes 1,8,32]
+    python -m perf.perf_analyzer.sweep [--grpc-url 127.0.0.1:8001] [--concurrency 1,2,4,8] [--sizes 1,8,32]
 
 Input data files hold real tokenized-length texts from perf/data/corpus.txt.
 Writes perf_analyzer.json + .md next to the other results (or --out).
@@ -62,7 +62,9 @@ def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int,
           request_count: int = 50, timeout: float = 600, stability: float = 20, max_trials: int = 10) -> dict:
     """`stability`: perf_analyzer's allowed % spread between windows (a shared machine needs slack)."""
     launcher = ensure_installed()
-    results = {"grpc_url": grpc_url, "seq_len": seq_len, "rows": []}
+    from perf.machine import describe
+
+    results = {"grpc_url": grpc_url, "seq_len": seq_len, "machine": describe(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             data = input_data(Path(tmp) / f"data-{size}.json", size, seq_len)
@@ -76,7 +78,11 @@ def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int,
 
 
 def markdown(results: dict) -> str:
+    m = results.get("machine", {})
     lines = [f"# perf_analyzer sweep ({results['seq_len']}-token texts)", "",
+             f"{m.get('date', '')}, {m.get('cpu', '')} ({m.get('cores', '?')} cores), GPU {m.get('gpu')}, "
+             f"commit `{m.get('git_commit', '')}`; perf_analyzer 2.60.0 (PyPI), gRPC; `ensemble` with "
+             "--streaming, `embed` unary.", "",
              "| entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
              "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
@@ -88,7 +94,7 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf.perf_analyzer.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--grpc-url", required=True)
+    parser.add_argument("--grpc-url", help="a running server (default: start one with scripts/serve.sh)")
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--sizes", default="1,8,32", help="texts per request")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -97,9 +103,20 @@ def main(argv=None) -> None:
     parser.add_argument("--stability", type=float, default=20, help="allowed %% spread between windows")
     parser.add_argument("--out", type=Path, help="folder for perf_analyzer.json/.md")
     args = parser.parse_args(argv)
-    results = sweep(args.grpc_url, [int(c) for c in args.concurrency.split(",")],
-                    [int(s) for s in args.sizes.split(",")], args.seq_len, args.entries.split(","),
-                    args.request_count, stability=args.stability)
+    server = None
+    if not args.grpc_url:
+        sys.path.insert(0, str(REPO / "tests"))
+        from triton_server import TritonServer
+
+        server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600)
+        args.grpc_url = server.grpc_url
+    try:
+        results = sweep(args.grpc_url, [int(c) for c in args.concurrency.split(",")],
+                        [int(s) for s in args.sizes.split(",")], args.seq_len, args.entries.split(","),
+                        args.request_count, stability=args.stability)
+    finally:
+        if server is not None:
+            server.stop()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "perf_analyzer.json").write_text(json.dumps(results, indent=1))
