@@ -1,0 +1,167 @@
+"""`python -m perf run|setup|report|readme` (see docs/benchmarks.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import lineup, machine, report, runner
+from .profiles import PROFILES
+
+REPO = lineup.REPO
+
+
+def model_info(model_dir: str | None) -> dict:
+    sys.path.insert(0, str(REPO))
+    from engine_lib.config import resolve_model_dir
+
+    path = resolve_model_dir(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
+    return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
+            "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads") if k in config}}
+
+
+def start_targets(names: list[str], args, model: dict, stack) -> dict:
+    targets = {}
+    grpc_url = args.grpc_url
+    if not grpc_url and {"rose", "triton-padded"} & set(names):
+        sys.path.insert(0, str(REPO / "tests"))
+        from triton_server import TritonServer
+
+        extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
+        log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
+        runner.log(f"starting tritonserver (log {log_dir / 'server.log'})")
+        env = {"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}
+        server = TritonServer(log_dir / "server.log", env=env, extra_args=extra, ready_timeout=600)
+        stack.append(server.stop)
+        grpc_url = server.grpc_url
+    for name in names:
+        try:
+            if name == "rose":
+                targets[name] = lineup.rose_target(grpc_url)
+            elif name == "triton-padded":
+                targets[name] = lineup.triton_padded_target(grpc_url)
+            elif name == "st":
+                targets[name] = lineup.InprocTarget(name, sys.executable, "st", model["dir"], model["max_positions"])
+            elif name == "ort":
+                from .setup_peers import ensure_onnx_export
+
+                export = ensure_onnx_export(model["dir"])
+                targets[name] = lineup.InprocTarget(name, lineup.peer_python("ort"), "ort", str(export),
+                                                    model["max_positions"])
+            elif name in ("vllm", "vllm-2cores", "infinity"):
+                from .peers.servers import start_openai_peer
+
+                targets[name] = start_openai_peer(name, model, stack)
+            else:
+                raise SystemExit(f"unknown target {name!r}; known: {', '.join(lineup.LABELS)}")
+        except (FileNotFoundError, RuntimeError, subprocess.CalledProcessError) as exc:
+            runner.log(f"target {name} not available, left out: {exc}")
+            continue
+        if hasattr(targets[name], "close"):
+            stack.append(targets[name].close)
+    return targets
+
+
+def plot(json_path: Path) -> None:
+    python = lineup.PEERS / "plot" / "bin" / "python"
+    if not python.exists():
+        runner.log("no plots: run `python -m perf setup plot` (matplotlib in its own venv)")
+        return
+    subprocess.run([str(python), "-m", "perf.plots", str(json_path)], cwd=REPO, check=False,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(f"stopped by signal {signum}")  # so the finally below stops every server it started
+
+
+def cmd_run(args) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    profile = PROFILES[args.profile]
+    names = args.targets.split(",") if args.targets else list(profile.default_targets)
+    cells = [c.scaled(args.scale) if args.scale != 1 else c for c in profile.cells
+             if not args.cells or c.key in args.cells.split(",")]
+    model = model_info(args.model_dir)
+    desc = machine.describe()
+    out_dir = Path(args.out) if args.out else REPO / "perf" / "results" / machine.slug(desc)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_json = out_dir / f"{profile.name}.json"
+    runner.log(f"profile {profile.name}: {len(cells)} cells, targets {names} -> {out_json}")
+    if args.quiet_wait:
+        runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
+    gemm = machine.gemm_flops() if not args.no_gemm else None
+    if gemm:
+        runner.log(f"GEMM: {gemm['flops_per_s'] / 1e9:.1f} GFLOP/s ({gemm['dtype']}, n={gemm['n']})")
+    stack: list = []
+    try:
+        targets = start_targets(names, args, model, stack)
+        results = runner.run_profile(profile, cells, targets, model, desc, out_json,
+                                     {"gemm": gemm, "scale": args.scale}, (args.quiet_busy, args.quiet_wait))
+        for name in results["targets"]:
+            results["targets"][name]["label"] = lineup.LABELS.get(name, name)
+        if gemm:  # again at the end; the better reading is the less disturbed one
+            again = machine.gemm_flops()
+            results["gemm"] = max(gemm, again, key=lambda g: g["flops_per_s"])
+        out_json.write_text(json.dumps(results, indent=1))
+    finally:
+        for stop in reversed(stack):
+            try:
+                stop()
+            except Exception as exc:  # shutting down: report, keep closing the rest
+                runner.log(f"while stopping: {exc}")
+    out_json.with_suffix(".md").write_text(report.markdown(results))
+    if not args.no_plots:
+        plot(out_json)
+    runner.log(f"wrote {out_json} and {out_json.with_suffix('.md')}")
+    print(report.markdown(results))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a profile against ours and peers")
+    run.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+    run.add_argument("--targets", help=f"comma list (default: the profile's); known: {','.join(lineup.LABELS)}")
+    run.add_argument("--cells", help="comma list of cell keys (default: all)")
+    run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
+    run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
+    run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
+    run.add_argument("--out", help="output folder (default: perf/results/<date>-<machine>)")
+    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--no-gemm", action="store_true")
+    run.add_argument("--quiet-wait", type=float, default=120.0,
+                     help="before each timing, wait up to this many seconds for the machine to be under "
+                          "--quiet-busy (other work on shared machines skews numbers); 0 = never wait")
+    run.add_argument("--quiet-busy", type=float, default=0.25, help="busy fraction of all cores counted as quiet")
+    setup = sub.add_parser("setup", help="install a peer (ort, plot, vllm, infinity, perf-analyzer)")
+    setup.add_argument("name")
+    setup.add_argument("--model-dir")
+    rep = sub.add_parser("report", help="re-render markdown and plots from a results JSON")
+    rep.add_argument("json", type=Path)
+    readme = sub.add_parser("readme", help="regenerate README's Performance table from results JSON files")
+    readme.add_argument("json", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        cmd_run(args)
+    elif args.command == "setup":
+        from .setup_peers import setup as do_setup
+
+        do_setup(args.name, model_info(args.model_dir)["dir"])
+    elif args.command == "report":
+        args.json.with_suffix(".md").write_text(report.markdown(json.loads(args.json.read_text())))
+        plot(args.json)
+    elif args.command == "readme":
+        report.update_readme(REPO / "README.md", report.readme_section([p.resolve() for p in args.json], REPO))
+
+
+if __name__ == "__main__":
+    main()

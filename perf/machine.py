@@ -1,0 +1,137 @@
+"""What the numbers were measured on: CPU/GPU, cores, memory, packages; and its GEMM FLOP/s."""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import time
+
+PACKAGES = ["torch", "transformers", "sentence-transformers", "tokenizers", "tritonclient", "nvidia-pytriton", "numpy"]
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_model() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _mem_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(re.search(r"MemTotal:\s+(\d+)", f.read()).group(1))
+        return round(kib / 2**20, 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def versions(names=PACKAGES) -> dict:
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def describe() -> dict:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "amx_tile") if f" {f}" in flags]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__)).stdout.strip()
+    return {
+        "cpu": cpu_model(), "cpu_isa": isa, "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": _mem_gib(), "gpu": gpu_model(),
+        "os": platform.platform(), "python": platform.python_version(), "packages": versions(),
+        "load_avg_at_start": os.getloadavg(), "git_commit": commit,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def slug(machine: dict) -> str:
+    """`<date>-<machine>` folder name, e.g. 2025-11-29-amd-epyc-2c."""
+    name = machine["gpu"].split(",")[0] if machine.get("gpu") else machine["cpu"]
+    name = re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name, flags=re.I)
+    name = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32]
+    return f"{machine['date']}-{name}-{machine['cores']}c"
+
+
+def gemm_flops(seconds: float = 3.0) -> dict:
+    """Best dense-GEMM rate torch reaches here (fp32 on CPU, bf16 on GPU): the machine's ceiling."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    best = {"flops_per_s": 0.0}
+    for n in ((4096, 8192) if cuda else (512, 1024, 2048)):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        torch.matmul(a, b)
+        reps, deadline = 0, time.perf_counter() + seconds / 3
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        while time.perf_counter() < deadline or reps < 3:
+            torch.matmul(a, b)
+            reps += 1
+            if cuda:
+                torch.cuda.synchronize()
+        rate = 2 * n**3 * reps / (time.perf_counter() - start)
+        if rate > best["flops_per_s"]:
+            best = {"flops_per_s": rate, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": device,
+                    "threads": torch.get_num_threads()}
+    return best
+
+
+def bert_flops_per_token(config: dict, seq_len: float) -> float:
+    """Forward FLOPs per token of a BERT encoder: dense layers + attention scores/values."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    dense = 2 * layers * (4 * hidden * hidden + 2 * hidden * inter)
+    attention = 2 * layers * 2 * hidden * seq_len
+    return float(dense + attention)
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def cpu_busy(interval: float = 1.0) -> float:
+    """Fraction of all cores busy over `interval` seconds (anyone's work, ours included)."""
+    busy0, total0 = _cpu_times()
+    time.sleep(interval)
+    busy1, total1 = _cpu_times()
+    return (busy1 - busy0) / max(1, total1 - total0)
+
+
+def wait_until_quiet(threshold: float, max_wait: float) -> float:
+    """Wait (at most `max_wait` s) until the machine is under `threshold` busy; returns the last reading."""
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        busy = cpu_busy(2.0)
+    return busy

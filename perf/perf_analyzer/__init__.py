@@ -1,0 +1,1 @@
+"""perf_analyzer set-up (install.sh) and sweeps over concurrency and request size (sweep.py)."""

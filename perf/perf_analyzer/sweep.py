@@ -1,0 +1,128 @@
+"""perf_analyzer sweep: concurrency x texts per request, on `ensemble` (--streaming) and the unary `embed`.
+
+    python -m perf.perf_analyzer.sweep [--grpc-url 127.0.0.1:8001] [--concurrency 1,2,4,8] [--sizes 1,8,32]
+
+Input data files hold real tokenized-length texts from perf/data/corpus.txt.
+Writes perf_analyzer.json + .md next to the other results (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "perf" / ".peers" / "perf-analyzer" / "perf_analyzer"
+ENTRIES = {"ensemble": ["--streaming"], "embed": []}  # decoupled ensemble needs streaming; embed is unary
+
+
+def ensure_installed() -> Path:
+    subprocess.run([str(REPO / "perf" / "perf_analyzer" / "install.sh")], check=True)
+    return LAUNCHER
+
+
+def input_data(path: Path, texts_per_request: int, seq_len: int, num_entries: int = 16) -> Path:
+    """perf_analyzer --input-data JSON: `num_entries` requests of real texts of ~seq_len tokens."""
+    from engine_lib.config import resolve_model_dir
+    from perf.texts import TextMaker
+
+    maker = TextMaker(os.path.join(resolve_model_dir("default"), "tokenizer.json"), 512)
+    rng = random.Random(f"pa-{texts_per_request}-{seq_len}")
+    data = [{"TEXT": {"content": [maker.text(seq_len, rng) for _ in range(texts_per_request)],
+                      "shape": [texts_per_request]}} for _ in range(num_entries)]
+    path.write_text(json.dumps({"data": data}))
+    return path
+
+
+def run_one(launcher: Path, grpc_url: str, model: str, data: Path, concurrency: int,
+            request_count: int, timeout: float, stability: float, max_trials: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "pa.csv"
+        cmd = [str(launcher), "-m", model, "-u", grpc_url, "-i", "grpc", *ENTRIES[model],
+               "--input-data", str(data), "--concurrency-range", str(concurrency),
+               "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
+               "--stability-percentage", str(stability), "--max-trials", str(max_trials), "-f", str(report)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0 or not report.exists():
+            raise RuntimeError(f"perf_analyzer failed ({out.returncode}): {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        with open(report) as f:
+            row = list(csv.DictReader(f))[-1]
+    return {"concurrency": int(row["Concurrency"]), "infer_per_s": float(row["Inferences/Second"]),
+            "p50_ms": float(row["p50 latency"]) / 1e3, "p90_ms": float(row["p90 latency"]) / 1e3,
+            "p99_ms": float(row["p99 latency"]) / 1e3}
+
+
+def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int, entries: list[str],
+          request_count: int = 50, timeout: float = 600, stability: float = 20, max_trials: int = 10) -> dict:
+    """`stability`: perf_analyzer's allowed % spread between windows (a shared machine needs slack)."""
+    launcher = ensure_installed()
+    from perf.machine import describe
+
+    results = {"grpc_url": grpc_url, "seq_len": seq_len, "machine": describe(), "rows": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            data = input_data(Path(tmp) / f"data-{size}.json", size, seq_len)
+            for model in entries:
+                print(f"[perf_analyzer] {model}: {size} texts/request, concurrency {concurrency}", file=sys.stderr)
+                for c in concurrency:
+                    row = run_one(launcher, grpc_url, model, data, c, request_count, timeout, stability, max_trials)
+                    results["rows"].append({"model": model, "texts_per_request": size, **row,
+                                            "embeddings_per_s": row["infer_per_s"] * size})
+    return results
+
+
+def markdown(results: dict) -> str:
+    m = results.get("machine", {})
+    lines = [f"# perf_analyzer sweep ({results['seq_len']}-token texts)", "",
+             f"{m.get('date', '')}, {m.get('cpu', '')} ({m.get('cores', '?')} cores), GPU {m.get('gpu')}, "
+             f"commit `{m.get('git_commit', '')}`; perf_analyzer 2.60.0 (PyPI), gRPC; `ensemble` with "
+             "--streaming, `embed` unary.", "",
+             "| entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['model']} | {r['texts_per_request']} | {r['concurrency']} | {r['embeddings_per_s']:.1f} "
+                     f"| {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m perf.perf_analyzer.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grpc-url", help="a running server (default: start one with scripts/serve.sh)")
+    parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--sizes", default="1,8,32", help="texts per request")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--entries", default="ensemble,embed")
+    parser.add_argument("--request-count", type=int, default=50)
+    parser.add_argument("--stability", type=float, default=20, help="allowed %% spread between windows")
+    parser.add_argument("--out", type=Path, help="folder for perf_analyzer.json/.md")
+    args = parser.parse_args(argv)
+    server = None
+    if not args.grpc_url:
+        sys.path.insert(0, str(REPO / "tests"))
+        from triton_server import TritonServer
+
+        server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600)
+        args.grpc_url = server.grpc_url
+    try:
+        results = sweep(args.grpc_url, [int(c) for c in args.concurrency.split(",")],
+                        [int(s) for s in args.sizes.split(",")], args.seq_len, args.entries.split(","),
+                        args.request_count, stability=args.stability)
+    finally:
+        if server is not None:
+            server.stop()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "perf_analyzer.json").write_text(json.dumps(results, indent=1))
+        (args.out / "perf_analyzer.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""PNG plots from a results JSON (run in the plot venv: matplotlib is a perf-only dependency)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _ok(result: dict) -> bool:
+    return "error" not in result and "skipped" not in result
+
+
+def latency_plot(results: dict, scenario: str, cells: list[dict], path: Path) -> None:
+    names = list(results["targets"])
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cells) * len(names) / 2), 4))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(cells))]
+        p50 = [c["results"].get(name, {}).get("p50_ms", 0) if _ok(c["results"].get(name, {})) else 0 for c in cells]
+        p99 = [c["results"].get(name, {}).get("p99_ms", 0) if _ok(c["results"].get(name, {})) else 0 for c in cells]
+        ax.bar(xs, p99, width, alpha=0.35, color=f"C{i}")
+        ax.bar(xs, p50, width, label=name, color=f"C{i}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [c["label"] for c in cells], fontsize=7)
+    ax.set_ylabel("ms (solid p50, light p99)")
+    ax.set_title(f"{results['profile']}: {scenario}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def concurrency_plot(results: dict, scenario: str, cells: list[dict], path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, name in enumerate(results["targets"]):
+        points = [(c["concurrency"], c["results"][name]) for c in cells if _ok(c["results"].get(name, {}))]
+        if not points:
+            continue
+        xs = [p[0] for p in points]
+        left.plot(xs, [p[1]["embeddings_per_s"] for p in points], "o-", label=name, color=f"C{i}")
+        right.plot(xs, [p[1]["p50_ms"] for p in points], "o-", label=f"{name} p50", color=f"C{i}")
+        right.plot(xs, [p[1]["p99_ms"] for p in points], "x--", color=f"C{i}", alpha=0.6)
+    left.set(xlabel="concurrent clients", ylabel="embeddings/s", title=f"{scenario}: throughput")
+    right.set(xlabel="concurrent clients", ylabel="ms (o p50, x p99)", title="latency")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def throughput_plot(results: dict, scenario: str, cells: list[dict], path: Path) -> None:
+    names = list(results["targets"])
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cells) * len(names) / 2), 4))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(cells))]
+        ys = [c["results"].get(name, {}).get("embeddings_per_s", 0) if _ok(c["results"].get(name, {})) else 0
+              for c in cells]
+        ax.bar(xs, ys, width, label=name, color=f"C{i}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [c["label"] for c in cells], fontsize=7)
+    ax.set_ylabel("embeddings/s")
+    ax.set_title(f"{results['profile']}: {scenario}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(json_path: str) -> None:
+    path = Path(json_path)
+    results = json.loads(path.read_text())
+    scenarios: dict[str, list[dict]] = {}
+    for cell in results["cells"]:
+        scenarios.setdefault(cell["scenario"], []).append(cell)
+    for k, (scenario, cells) in enumerate(scenarios.items(), 1):
+        out = path.with_name(f"{results['profile']}-{k}.png")
+        if cells[0]["mode"] == "sequential":
+            latency_plot(results, scenario, cells, out)
+        elif len({c["concurrency"] for c in cells}) > 1 and len({c["seq_len"] for c in cells}) == 1:
+            concurrency_plot(results, scenario, cells, out)
+        else:
+            throughput_plot(results, scenario, cells, out)
+        print(f"[perf] plot {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

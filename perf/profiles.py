@@ -1,0 +1,94 @@
+"""The seed's four scenarios as profiles: `seed` (GPU numbers), `cpu` (scaled), `issue2` (the spine's benchmark)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured configuration; every target runs it on the same requests."""
+    scenario: str            # e.g. "1 low-latency embedding"
+    key: str                 # unique within a profile
+    mode: str                # "sequential" (one request at a time) | "load" (closed-loop clients)
+    input: str               # "tokens" (pre-tokenized, straight to the encoder) | "text"
+    seq_len: int | str       # tokens per text, or "mixed" (uniform 8..model max)
+    batch: int               # texts per request
+    concurrency: int = 1     # client processes (threads for in-process peers)
+    num_requests: int = 100  # sequential: requests timed (capped by max_seconds)
+    max_seconds: float = 60.0
+    duration_s: float = 20.0  # load: seconds of closed loop
+    metric: str = "p50_ms"   # headline: "p50_ms" (lower is better) or "embeddings_per_s"
+    served_only: bool = False  # in-process peers have no server to load (tokenization + network hop)
+
+    def __post_init__(self):
+        if self.mode not in ("sequential", "load") or self.input not in ("tokens", "text"):
+            raise ValueError(f"cell {self.key}: bad mode/input {self.mode}/{self.input}")
+        if self.metric not in ("p50_ms", "embeddings_per_s"):
+            raise ValueError(f"cell {self.key}: bad metric {self.metric}")
+
+    @property
+    def label(self) -> str:
+        conc = f", {self.concurrency} clients" if self.mode == "load" else ""
+        return f"{self.input} len {self.seq_len}, batch {self.batch}{conc}"
+
+    def scaled(self, factor: float) -> "Cell":
+        from dataclasses import replace
+
+        return replace(self, num_requests=max(10, int(self.num_requests * factor)),
+                       max_seconds=self.max_seconds * factor, duration_s=max(3.0, self.duration_s * factor))
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    cells: tuple[Cell, ...]
+    default_targets: tuple[str, ...]
+    warmup_requests: int = 4   # per cell and target, every response checked against the reference
+    pool_requests: int = 16    # distinct requests per cell, cycled
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+S1, S2, S3, S4 = ("1 low-latency embedding", "2 low-latency scoring", "3 high-throughput embedding",
+                  "4 high-concurrency embedding")
+
+
+def _seed_like(lengths1, len2, batches2, batch3, lengths3, len4, concs4, n1, n2, d3, d4, max1, max2):
+    cells = [Cell(S1, f"s1-len{n}", "sequential", "tokens", n, 1, num_requests=n1, max_seconds=max1)
+             for n in lengths1]
+    cells += [Cell(S2, f"s2-batch{b}", "sequential", "tokens", len2, b, num_requests=n2, max_seconds=max2)
+              for b in batches2]
+    cells += [Cell(S3, f"s3-len{n}", "load", "text", n, batch3, 4, duration_s=d3, metric="embeddings_per_s")
+              for n in lengths3]
+    cells += [Cell(S4, f"s4-c{c}", "load", "text", len4, 1, c, duration_s=d4, served_only=True) for c in concs4]
+    return tuple(cells)
+
+
+PROFILES = {
+    "seed": Profile(
+        "seed", "The seed's four scenarios with its own numbers (for the GPU machine).",
+        _seed_like((128, 512, 4096), 512, (5, 25, 50), 100, (512, 1024, 4096), 512, (1, 2, 4, 8, 16),
+                   n1=1000, n2=300, d3=60, d4=30, max1=180, max2=180),
+        ("rose", "st", "ort", "triton-padded", "vllm", "infinity"), warmup_requests=8, pool_requests=32,
+        notes=("Cells longer than the served model's maximum are skipped and say so; use --model-dir for a "
+               "longer-context model.",)),
+    "cpu": Profile(
+        "cpu", "The seed's four scenarios scaled to the default model (max 256 tokens) and a 2-core CPU.",
+        _seed_like((32, 128, 256, "mixed"), 128, (5, 25, 50), 32, (128, 256, "mixed"), 128, (1, 2, 4, 8, 16),
+                   n1=200, n2=30, d3=20, d4=10, max1=30, max2=30),
+        ("rose", "st", "ort", "triton-padded"),
+        notes=("Scaled from the seed: lengths 128/512/4096 -> 32/128/256 (+ mixed 8..256); scoring at 128 "
+               "tokens; throughput requests of 32 texts (seed: 100); concurrency at 128 tokens (seed: 512).",
+               "On a 2-core machine the server, its client processes and in-process peers share the same "
+               "cores; served targets pay for their clients, in-process peers do not.")),
+    "issue2": Profile(
+        "issue2", "Issue 2's benchmark: served ensemble vs sentence-transformers encode, same texts.",
+        (Cell("latency", "lat-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=60),
+         Cell("throughput", "tput-256-c1", "load", "text", 256, 32, 1, duration_s=20, metric="embeddings_per_s"),
+         Cell("throughput", "tput-256-c4", "load", "text", 256, 32, 4, duration_s=20, metric="embeddings_per_s")),
+        ("rose", "st"),
+        notes=("Text in for both: ours through the `ensemble` over gRPC streaming (tokenization in the server), "
+               "sentence-transformers `encode` in-process (no server, no network hop).",
+               "4 concurrent clients: 4 client processes for the server, 4 threads sharing one model in-process.",
+               "On a 2-core machine the server and its client processes share the same cores.")),
+}
