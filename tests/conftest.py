@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 
@@ -10,8 +11,11 @@ from triton_server import TritonServer
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """A real tritonserver on loopback serving model_repository/ (default model)."""
-    instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log")
+    """A real tritonserver on loopback serving model_repository/ (default model).
+
+    It has an admin key (perf_analyzer needs the statistics API); the security
+    tests check that requests without it are refused."""
+    instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log", admin_key=secrets.token_hex(16))
     yield instance
     instance.stop()
 

@@ -22,7 +22,11 @@ class TritonServer:
     """One tritonserver on loopback with free ports; `stop()` waits for exit."""
 
     def __init__(self, log_path: Path, env: dict | None = None, extra_args: list[str] | None = None,
-                 ready_timeout: float = 240.0, serve_args: list[str] | None = None):
+                 ready_timeout: float = 240.0, serve_args: list[str] | None = None,
+                 admin_key: str | None = None):
+        """`admin_key`: the secret for the restricted admin APIs (None: refused to everyone)."""
+        self.admin_key = admin_key
+        env = {**(env or {}), **({"ROSE_ADMIN_KEY": admin_key} if admin_key else {})}
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.http_url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"

@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import random
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -41,13 +42,16 @@ def input_data(path: Path, texts_per_request: int, seq_len: int, num_entries: in
 
 
 def run_one(launcher: Path, grpc_url: str, model: str, data: Path, concurrency: int,
-            request_count: int, timeout: float, stability: float, max_trials: int) -> dict:
+            request_count: int, timeout: float, stability: float, max_trials: int,
+            admin_key: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "pa.csv"
         cmd = [str(launcher), "-m", model, "-u", grpc_url, "-i", "grpc", *ENTRIES[model],
                "--input-data", str(data), "--concurrency-range", str(concurrency),
                "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
                "--stability-percentage", str(stability), "--max-trials", str(max_trials), "-f", str(report)]
+        if admin_key:  # perf_analyzer reads the statistics API, which serve.sh restricts
+            cmd += ["-H", f"triton-grpc-protocol-rose-admin-key:{admin_key}"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0 or not report.exists():
             raise RuntimeError(f"perf_analyzer failed ({out.returncode}): {out.stdout[-2000:]}{out.stderr[-2000:]}")
@@ -59,7 +63,8 @@ def run_one(launcher: Path, grpc_url: str, model: str, data: Path, concurrency: 
 
 
 def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int, entries: list[str],
-          request_count: int = 50, timeout: float = 600, stability: float = 20, max_trials: int = 10) -> dict:
+          request_count: int = 50, timeout: float = 600, stability: float = 20, max_trials: int = 10,
+          admin_key: str | None = None) -> dict:
     """`stability`: perf_analyzer's allowed % spread between windows (a shared machine needs slack)."""
     launcher = ensure_installed()
     from perf.machine import describe
@@ -71,7 +76,8 @@ def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int,
             for model in entries:
                 print(f"[perf_analyzer] {model}: {size} texts/request, concurrency {concurrency}", file=sys.stderr)
                 for c in concurrency:
-                    row = run_one(launcher, grpc_url, model, data, c, request_count, timeout, stability, max_trials)
+                    row = run_one(launcher, grpc_url, model, data, c, request_count, timeout, stability, max_trials,
+                                 admin_key)
                     results["rows"].append({"model": model, "texts_per_request": size, **row,
                                             "embeddings_per_s": row["infer_per_s"] * size})
     return results
@@ -102,18 +108,22 @@ def main(argv=None) -> None:
     parser.add_argument("--request-count", type=int, default=50)
     parser.add_argument("--stability", type=float, default=20, help="allowed %% spread between windows")
     parser.add_argument("--out", type=Path, help="folder for perf_analyzer.json/.md")
+    parser.add_argument("--admin-key", default=os.environ.get("ROSE_ADMIN_KEY"),
+                        help="the server's admin key (perf_analyzer reads statistics); default $ROSE_ADMIN_KEY")
     args = parser.parse_args(argv)
     server = None
     if not args.grpc_url:
         sys.path.insert(0, str(REPO / "tests"))
         from triton_server import TritonServer
 
-        server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600)
+        args.admin_key = args.admin_key or secrets.token_hex(16)
+        server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600,
+                              admin_key=args.admin_key)
         args.grpc_url = server.grpc_url
     try:
         results = sweep(args.grpc_url, [int(c) for c in args.concurrency.split(",")],
                         [int(s) for s in args.sizes.split(",")], args.seq_len, args.entries.split(","),
-                        args.request_count, stability=args.stability)
+                        args.request_count, stability=args.stability, admin_key=args.admin_key)
     finally:
         if server is not None:
             server.stop()
