@@ -46,15 +46,6 @@ class _PooledRequest:
     finished: bool = False
 
 
-@dataclass
-class ServiceStats:
-    batches: int = 0
-    sequences: int = 0
-    tokens: int = 0
-    requests_done: int = 0
-    requests_failed: int = 0
-
-
 class EncoderService:
     def __init__(self, engine, max_batch_tokens: int, max_batch_sequences: int,
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
@@ -68,7 +59,6 @@ class EncoderService:
         # a request is checked only once it has waited this long, then at most
         # this often, so short waits under light load cost nothing.
         self.cancel_check_interval = cancel_check_interval
-        self.stats = ServiceStats()
         self.metrics = metrics or EncoderMetrics()
         self._batcher = FcfsBatcher(max_batch_tokens, max_batch_sequences)
         self._requests: dict[int, _PooledRequest] = {}
@@ -232,9 +222,6 @@ class EncoderService:
 
     def _record(self, scheduled: list[ScheduledSequence], seconds: float) -> None:
         tokens = sum(s.num_tokens for s in scheduled)
-        self.stats.batches += 1
-        self.stats.sequences += len(scheduled)
-        self.stats.tokens += tokens
         self.metrics.observe("rose_step_tokens", tokens)
         self.metrics.observe("rose_step_sequences", len(scheduled))
         self.metrics.observe("rose_step_seconds", seconds)
@@ -265,11 +252,9 @@ class EncoderService:
             request.finished = True
             self._requests.pop(key, None)
         if error is not None:
-            self.stats.requests_failed += 1
             outcome = "cancelled" if isinstance(error, RequestCancelled) else "error"
             result = None
         else:
-            self.stats.requests_done += 1
             outcome = "ok"
             result = request.rows
             if request.options.dimensions:

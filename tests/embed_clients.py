@@ -42,23 +42,22 @@ def embed_generate(http_url: str, texts, parameters: dict | None = None, timeout
     return np.asarray(reply["EMBEDDINGS"], dtype=np.float32).reshape(len(texts), -1)
 
 
-def embed_unary_grpc(grpc_url: str, texts, parameters: dict | None = None) -> np.ndarray:
-    """Plain `client.infer` over gRPC on the unary `embed` model."""
-    client = grpcclient.InferenceServerClient(grpc_url)
+def _infer_unary(protocol, client, texts, parameters: dict | None) -> np.ndarray:
+    """`client.infer` on the unary `embed` model; `protocol` is tritonclient.grpc or .http."""
     try:
-        text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
+        text = protocol.InferInput("TEXT", [len(texts)], "BYTES")
         text.set_data_from_numpy(_text_array(texts))
         return client.infer("embed", [text], parameters=parameters).as_numpy("EMBEDDINGS")
     finally:
         client.close()
+
+
+def embed_unary_grpc(grpc_url: str, texts, parameters: dict | None = None) -> np.ndarray:
+    """Plain `client.infer` over gRPC on the unary `embed` model."""
+    return _infer_unary(grpcclient, grpcclient.InferenceServerClient(grpc_url), texts, parameters)
 
 
 def embed_unary_http(http_url: str, texts, parameters: dict | None = None) -> np.ndarray:
     """Plain `client.infer` over HTTP on the unary `embed` model."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
-    try:
-        text = httpclient.InferInput("TEXT", [len(texts)], "BYTES")
-        text.set_data_from_numpy(_text_array(texts))
-        return client.infer("embed", [text], parameters=parameters).as_numpy("EMBEDDINGS")
-    finally:
-        client.close()
+    return _infer_unary(httpclient, client, texts, parameters)

@@ -8,7 +8,6 @@ optimum O2 export, padding each batch, mean pooling, L2 normalisation).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import pickle
 import struct
@@ -16,6 +15,7 @@ import sys
 
 import numpy as np
 
+from perf.machine import versions
 from perf.measure import latency_loop, threaded_loop
 
 
@@ -58,17 +58,7 @@ def onnxruntime_encoder(onnx_dir: str, max_length: int):
 BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder}
 
 
-def _versions(names):
-    out = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def serve(encode, versions, rx, tx):
+def serve(encode, package_versions, rx, tx):
     def call(request):
         return encode(request.texts)
 
@@ -81,7 +71,7 @@ def serve(encode, versions, rx, tx):
         if command == "quit":
             return
         if command == "info":
-            reply = {"versions": versions}
+            reply = {"versions": package_versions}
         elif command == "embed":
             reply = [np.asarray(encode(r.texts), dtype=np.float32) for r in args[0]]
         elif command == "latency":
@@ -104,7 +94,7 @@ def main():
     encode, packages = BACKENDS[args.backend](args.model_dir, args.max_length)
     rx, tx = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the pipe
-    serve(encode, _versions(packages), rx, tx)
+    serve(encode, versions(packages), rx, tx)
 
 
 if __name__ == "__main__":
