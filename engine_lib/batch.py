@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +26,11 @@ class PackedBatch:
     @property
     def seq_lens(self) -> np.ndarray:
         return np.diff(self.cu_seqlens)
+
+    @cached_property
+    def seq_ids(self) -> np.ndarray:
+        """[num_tokens] int64: the index of the sequence each token belongs to."""
+        return np.repeat(np.arange(self.num_seqs, dtype=np.int64), self.seq_lens)
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[np.ndarray]) -> "PackedBatch":

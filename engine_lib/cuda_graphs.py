@@ -78,7 +78,7 @@ def pad_batch(batch: PackedBatch, key: tuple[int, int]) -> PaddedBatch:
     token_data = np.zeros((3, num_tokens), dtype=np.int64)
     token_data[0, :batch.num_tokens] = batch.input_ids
     token_data[1, :batch.num_tokens] = batch.positions
-    token_data[2, :batch.num_tokens] = np.repeat(np.arange(batch.num_seqs, dtype=np.int64), batch.seq_lens)
+    token_data[2, :batch.num_tokens] = batch.seq_ids
     token_data[2, batch.num_tokens:] = num_seqs
     cu_seqlens = np.full(num_seqs + 1, batch.num_tokens, dtype=np.int32)
     cu_seqlens[:batch.num_seqs + 1] = batch.cu_seqlens

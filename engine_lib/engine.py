@@ -9,8 +9,9 @@ from .batch import PackedBatch
 from .cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from .lazy_tensor import CudaLazyTensor, LazyTensor, ResolvedTensor, host_tensor
 from .loader import load_weights
-from .models import model_class, read_model_config
-from .pooling import default_pooling, pool, read_pooling_mode
+from .model_folder import ModelFolder
+from .models import model_class
+from .pooling import pool
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_MODES = ("auto", "on", "off")
@@ -38,23 +39,24 @@ class Engine:
     "off" always eager. Batches above (max_graph_seqs, max_graph_tokens) run eagerly.
     """
 
-    def __init__(self, model_dir: str, device: str = "auto", dtype: str = "auto",
+    def __init__(self, model: ModelFolder | str, device: str = "auto", dtype: str = "auto",
                  attention_backend: str = "auto", cuda_graphs: str = "auto",
                  max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
                  graph_capture: Capture | None = None):
-        self.model_dir = model_dir
+        folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
+        self.model_dir = folder.path
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        cfg = read_model_config(model_dir)
+        cfg = folder.config
         cls = model_class(cfg)
         self.attention_shape = AttentionShape.from_config(cfg, cls.is_causal(cfg))
         self.backend = select_backend(attention_backend, self.device, self.dtype, self.attention_shape)
-        self.pooling = read_pooling_mode(model_dir, default=default_pooling(cfg.get("model_type")))
+        self.pooling = folder.pooling
         self.vocab_size = cfg["vocab_size"]
         with torch.device("meta"):
             model = cls(cfg, self.backend)
         model = model.to_empty(device="cpu")
-        load_weights(model, model_dir)
+        load_weights(model, folder.weight_files)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         if hasattr(self.model, "init_buffers"):
             self.model.init_buffers()  # non-checkpoint buffers (RoPE table), in fp32 on the device
@@ -87,8 +89,7 @@ class Engine:
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
         to_device = lambda a: host_tensor(a, self.device).to(self.device, non_blocking=True)
-        seq_ids = np.repeat(np.arange(batch.num_seqs), batch.seq_lens)
-        token_data = to_device(np.stack([batch.input_ids, batch.positions, seq_ids]))  # [3, num_tokens]
+        token_data = to_device(np.stack([batch.input_ids, batch.positions, batch.seq_ids]))  # [3, num_tokens]
         plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
         return self._forward_static(token_data, to_device(batch.cu_seqlens), plan)
 

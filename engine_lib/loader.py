@@ -1,8 +1,6 @@
 """Load a checkpoint's safetensors into one of our models by key mapping."""
 from __future__ import annotations
 
-import os
-
 import torch
 from safetensors.torch import load_file
 
@@ -21,28 +19,27 @@ def map_checkpoint_key(model, key: str) -> str | None:
     return key
 
 
-def load_weights(model: torch.nn.Module, model_dir: str) -> None:
-    path = os.path.join(model_dir, "model.safetensors")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no model.safetensors in the model folder")
-    try:
-        checkpoint = load_file(path)
-    except Exception as exc:  # safetensors raises its own error types
-        raise ValueError(f"{path}: cannot read weights ({exc})") from exc
+def load_weights(model: torch.nn.Module, weight_files: list[str]) -> None:
+    """Copy every checkpoint tensor (over all shards) into `model`; every parameter must be set."""
     params = dict(model.named_parameters())
     loaded = set()
-    for key, tensor in checkpoint.items():
-        name = map_checkpoint_key(model, key)
-        if name is None:
-            continue
-        if name not in params:
-            raise ValueError(f"{path}: unexpected weight {key!r} (mapped to {name!r})")
-        if params[name].shape != tensor.shape:
-            raise ValueError(f"{path}: weight {key!r} has shape {tuple(tensor.shape)}, "
-                             f"model expects {tuple(params[name].shape)}")
-        with torch.no_grad():
-            params[name].copy_(tensor)
-        loaded.add(name)
-    missing = sorted(set(params) - loaded - set(getattr(model, "tied_parameters", ())))
+    for path in weight_files:
+        try:
+            checkpoint = load_file(path)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ValueError(f"{path}: cannot read weights ({exc})") from exc
+        for key, tensor in checkpoint.items():
+            name = map_checkpoint_key(model, key)
+            if name is None:
+                continue
+            if name not in params:
+                raise ValueError(f"{path}: unexpected weight {key!r} (mapped to {name!r})")
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"{path}: weight {key!r} has shape {tuple(tensor.shape)}, "
+                                 f"model expects {tuple(params[name].shape)}")
+            with torch.no_grad():
+                params[name].copy_(tensor)
+            loaded.add(name)
+    missing = sorted(set(params) - loaded)
     if missing:
-        raise ValueError(f"{path}: missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ValueError(f"{weight_files[0]}: missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")

@@ -4,17 +4,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .config import parse_bool
 from .errors import InputError
 
 INPUT_TYPES = ("document", "query")
 
 
 def _as_bool(name: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-        return value.lower() in ("true", "1")
-    raise InputError(f"parameter {name!r} must be a boolean, got {value!r}")
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise InputError(f"parameter {name!r} must be a boolean, got {value!r}") from None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
 exactly once, when all its sequences are done (or with an error).
 Admission control bounds the pool (requests pending, tokens queued): past a
-bound `submit` raises OverloadError at once. A cancelled request's sequences
+bound `submit` raises OverloadError at once. Requests arrive validated and
+leave as raw pooled rows (engine_lib/encoder.py does both ends). A cancelled request's sequences
 are dropped when they come up for launch. docs/operations.md has the limits.
 """
 from __future__ import annotations
@@ -23,10 +24,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from .batch import PackedBatch
-from .errors import InputError, OverloadError, RequestCancelled
+from .engine_contract import StepEngine
+from .errors import OverloadError, RequestCancelled
 from .metrics import EncoderMetrics
-from .options import RequestOptions
-from .pooling import normalize_rows
 from .scheduler import FcfsBatcher, ScheduledSequence
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,6 @@ DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
 @dataclass
 class _PooledRequest:
     sequences: list[np.ndarray]
-    options: RequestOptions
     on_done: DoneCallback
     rows: np.ndarray
     remaining: int
@@ -47,7 +46,7 @@ class _PooledRequest:
 
 
 class EncoderService:
-    def __init__(self, engine, max_batch_tokens: int, max_batch_sequences: int,
+    def __init__(self, engine: StepEngine, max_batch_tokens: int, max_batch_sequences: int,
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05):
@@ -72,43 +71,17 @@ class EncoderService:
         self._scheduler.start()
         self._completer.start()
 
-    def validate(self, input_ids: np.ndarray, seq_lens: np.ndarray, options: RequestOptions) -> list[np.ndarray]:
-        if input_ids.ndim != 1 or seq_lens.ndim != 1:
-            raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and {list(seq_lens.shape)}")
-        if seq_lens.size == 0:
-            raise InputError("SEQ_LENS is empty: send at least one sequence")
-        if (seq_lens < 1).any():
-            raise InputError(f"SEQ_LENS[{int(np.argmax(seq_lens < 1))}] is {int(seq_lens.min())}; every sequence needs >= 1 token")
-        if int(seq_lens.sum()) != input_ids.size:
-            raise InputError(f"SEQ_LENS sums to {int(seq_lens.sum())} but INPUT_IDS has {input_ids.size} tokens")
-        longest = int(seq_lens.max())
-        if longest > self.engine.max_positions:
-            raise InputError(f"SEQ_LENS[{int(np.argmax(seq_lens))}] is {longest} tokens; the model takes at most {self.engine.max_positions}")
-        if input_ids.size > self.max_queued_tokens:
-            raise InputError(f"request has {input_ids.size} tokens, more than the encoder queue holds "
-                             f"(max_queued_tokens={self.max_queued_tokens}); split it")
-        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.engine.vocab_size):
-            raise InputError(f"INPUT_IDS holds ids outside [0, {self.engine.vocab_size})")
-        if options.dimensions > self.output_dim:
-            raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {self.output_dim}")
-        bounds = np.concatenate([[0], np.cumsum(seq_lens)])
-        ids = input_ids.astype(np.int64, copy=False)
-        return [ids[bounds[i]:bounds[i + 1]] for i in range(seq_lens.size)]
-
-    def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options: RequestOptions,
-               on_done: DoneCallback, is_cancelled: Optional[Callable[[], bool]] = None) -> int:
-        """Queue one request; raises InputError/OverloadError before queuing anything.
+    def submit(self, sequences: list[np.ndarray], on_done: DoneCallback,
+               is_cancelled: Optional[Callable[[], bool]] = None) -> int:
+        """Queue one request's sequences (already validated, see encoder.py); raises
+        OverloadError before queuing anything. `on_done(rows, error)` gets the raw
+        pooled rows [len(sequences), hidden] in order.
 
         `is_cancelled` is polled when the request's sequences are about to launch
         (see cancel_check_interval); once it says True, the still-queued
         sequences are dropped and `on_done` gets a RequestCancelled error.
         """
-        try:
-            sequences = self.validate(input_ids, seq_lens, options)
-        except InputError:
-            self.metrics.count("rose_requests_total", outcome="invalid")
-            raise
-        num_tokens = int(seq_lens.sum())
+        num_tokens = sum(len(s) for s in sequences)
         with self._lock:
             refusal = self._refusal(num_tokens)
             if refusal is not None:
@@ -117,7 +90,7 @@ class EncoderService:
                 raise OverloadError(message)
             key = next(self._ids)
             rows = np.empty((len(sequences), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(sequences, options, on_done, rows, len(sequences),
+            self._requests[key] = _PooledRequest(sequences, on_done, rows, len(sequences),
                                                  is_cancelled, time.monotonic())
             self._batcher.add(key, (len(s) for s in sequences))
             self._lock.notify()
@@ -253,33 +226,11 @@ class EncoderService:
             self._requests.pop(key, None)
         if error is not None:
             outcome = "cancelled" if isinstance(error, RequestCancelled) else "error"
-            result = None
         else:
             outcome = "ok"
-            result = request.rows
-            if request.options.dimensions:
-                result = result[:, :request.options.dimensions]
-            if request.options.normalize:
-                result = normalize_rows(result)
-            result = np.ascontiguousarray(result, dtype=np.float32)
         self.metrics.count("rose_requests_total", outcome=outcome)
         try:
-            request.on_done(result, error)
+            request.on_done(None if error is not None else request.rows, error)
         except Exception:
             log.exception("response callback failed")
 
-
-def build_service(config) -> EncoderService:
-    """EncoderService from an EncoderConfig (the encoder model's one-call setup)."""
-    import torch
-
-    from .config import resolve_model_dir
-    from .engine import Engine
-
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    engine = Engine(resolve_model_dir(config.model_dir), device=config.device, dtype=config.dtype,
-                    attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
-                    max_graph_tokens=config.max_graph_tokens, max_graph_seqs=config.max_graph_seqs)
-    return EncoderService(engine, config.max_batch_tokens, config.max_batch_sequences,
-                          config.max_inflight_batches, config.max_queued_tokens, config.max_queued_requests)

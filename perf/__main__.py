@@ -17,12 +17,10 @@ REPO = lineup.REPO
 
 
 def model_info(model_dir: str | None) -> dict:
-    sys.path.insert(0, str(REPO))
-    from engine_lib.config import resolve_model_dir
+    from engine_lib.model_folder import ModelFolder
 
-    path = resolve_model_dir(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
-    with open(os.path.join(path, "config.json")) as f:
-        config = json.load(f)
+    folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
+    path, config = folder.path, folder.config
     name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
     return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
             "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
@@ -33,8 +31,7 @@ def start_targets(names: list[str], args, model: dict, stack) -> dict:
     targets = {}
     grpc_url = args.grpc_url
     if not grpc_url and {"rose", "triton-padded"} & set(names):
-        sys.path.insert(0, str(REPO / "tests"))
-        from triton_server import TritonServer
+        from rose_triton.server import TritonServer
 
         extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
         log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))

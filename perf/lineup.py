@@ -5,7 +5,6 @@ import os
 import pickle
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 from .measure import latency_loop

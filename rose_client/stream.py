@@ -14,6 +14,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from rose_triton.errors import code_name_from_message
+
 
 class ReplicaError(RuntimeError):
     """A chunk failed on a replica (transport error, timeout, error response)."""
@@ -23,7 +25,7 @@ class ReplicaError(RuntimeError):
         self.url = url
         # The server tags errors caused by the request itself (docs/operations.md):
         # every replica would refuse it the same way, so it is not retried.
-        self.input_rejected = "invalid input:" in message
+        self.input_rejected = code_name_from_message(message) == "INVALID_ARG"
 
 
 def _text_tensor(texts: list[str]) -> grpcclient.InferInput:

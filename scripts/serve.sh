@@ -54,7 +54,7 @@ else
   TRITONSERVER="$ROOT/build/pytriton/tritonserver/bin/tritonserver"
   BACKENDS="$ROOT/build/pytriton/tritonserver/backends"
   # The Python stub finds site-packages through python3 on PATH and must load
-  # the libpython of the venv's own interpreter (DESIGN.md fact 1).
+  # the libpython of the venv's own interpreter (docs/platform.md, "Triton from the PyPI wheel").
   export PATH="$VENV/bin:$PATH"
   LIBDIR="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')"
   export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -13,13 +13,6 @@ from engine_lib.attention.sdpa import SdpaBackend
 from engine_lib.cuda_graphs import pad_batch
 from engine_lib.batch import PackedBatch
 
-HAS_CUDA = torch.cuda.is_available()
-
-
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")(fn))
-
-
 def ragged_qkv(lengths, num_heads=4, num_kv_heads=2, head_dim=16, device="cpu", dtype=torch.float32, seed=0):
     generator = torch.Generator().manual_seed(seed)
     num_tokens = sum(lengths)
@@ -117,19 +110,19 @@ def _gpu_agreement(name, dtype=torch.bfloat16):
         torch.testing.assert_close(padded, out, atol=2e-2, rtol=2e-2)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_sdpa_matches_reference():
     _gpu_agreement("sdpa")
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_varlen_matches_reference():
     if not attention.varlen_available(torch.device("cuda")):
         pytest.skip("this torch has no FlashAttention varlen_attn for this GPU")
     _gpu_agreement("varlen")
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_flashinfer_matches_reference():
     if not attention.flashinfer_available():
         pytest.skip("flashinfer-python is not installed")

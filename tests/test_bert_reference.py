@@ -5,7 +5,7 @@ from engine_lib.batch import PackedBatch
 from engine_lib.config import TokenizerConfig
 from engine_lib.engine import Engine
 from engine_lib.options import RequestOptions
-from engine_lib.pooling import normalize_rows
+from engine_lib.encoder import normalize_rows
 from engine_lib.tokenization import TextTokenizer
 from texts import VARIED_TEXTS
 

@@ -2,7 +2,6 @@
 
 Replica A is the session's server, replica B starts here. The last test kills B.
 """
-import json
 import os
 import random
 import signal
@@ -16,7 +15,7 @@ import pytest
 
 from embed_clients import embed_stream
 from rose_client import EmbeddingClient
-from triton_server import REPO, TritonServer
+from rose_triton.server import REPO, TritonServer
 
 WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
          "latency throughput encoder pooling Ünïcödé 你好").split()

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from engine_lib.config import EncoderConfig, TokenizerConfig
-from engine_lib.triton_adapter import env_overrides
+from rose_triton.parameters import env_overrides
 from test_deploy_image import image_env, instructions
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import yaml
 
 from embed_clients import embed_stream
 from test_deploy_image import image_env, instructions
-from triton_server import REPO, TritonServer
+from rose_triton.server import REPO, TritonServer
 
 TRITON_HOME = REPO / "build" / "pytriton" / "tritonserver"
 

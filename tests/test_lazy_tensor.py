@@ -9,13 +9,11 @@ import pytest
 import torch
 
 from engine_lib.batch import PackedBatch
-from engine_lib.config import resolve_model_dir
+from engine_lib.model_folder import resolve_model_dir
 from engine_lib.engine import Engine
 from engine_lib.lazy_tensor import ResolvedTensor
-from engine_lib.options import RequestOptions
 from engine_lib.serving import EncoderService
 
-HAS_CUDA = torch.cuda.is_available()
 
 
 def test_resolved_tensor_is_ready_at_once():
@@ -75,8 +73,7 @@ def test_service_keeps_two_batches_in_flight():
     results: dict[int, np.ndarray] = {}
     try:
         for i in range(3):
-            service.submit(np.array([i + 1]), np.array([1]), RequestOptions(normalize=False),
-                           lambda rows, error, i=i: results.__setitem__(i, rows))
+            service.submit([np.array([i + 1])], lambda rows, error, i=i: results.__setitem__(i, rows))
         assert wait_until(lambda: len(engine.launched) == 2)  # batch 2 launched while batch 1 runs
         time.sleep(0.2)
         assert len(engine.launched) == 2 and not results  # never a third in flight
@@ -93,7 +90,6 @@ def test_service_keeps_two_batches_in_flight():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_cuda_lazy_tensor_copies_after_the_forward_and_releases_the_gil():
     from engine_lib.lazy_tensor import CudaLazyTensor
 

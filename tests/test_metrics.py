@@ -4,7 +4,8 @@ from __future__ import annotations
 import time
 import types
 
-from engine_lib.metrics import INITIAL_LABELS, SPECS, EncoderMetrics, MetricsPublisher, TritonMetricSink
+from engine_lib.metrics import INITIAL_LABELS, SPECS, EncoderMetrics, MetricsPublisher
+from rose_triton.metrics import TritonMetricSink
 
 
 class RecordingSink:

@@ -1,7 +1,6 @@
 """perf harness pieces without a server: inputs, statistics, skips, ratios, reports."""
 import json
 import os
-import random
 
 import numpy as np
 import pytest

@@ -6,7 +6,7 @@ import pytest
 
 from embed_clients import embed_generate, embed_stream
 from tiny_models import EOS, cosine_rows, hf_hidden_states, qwen3_config, save_random_model, write_word_tokenizer
-from triton_server import TritonServer
+from rose_triton.server import TritonServer
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world", "embedding models map text to vectors",
           "where is the nearest train station", "a search engine ranks documents for a query"]

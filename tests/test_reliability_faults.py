@@ -24,7 +24,7 @@ from engine_lib.options import RequestOptions
 from engine_lib.tokenization import TextTokenizer
 from reliability_helpers import children, encode_ids, metric_value
 from texts import LONG_TEXTS, MEDIUM_TEXTS
-from triton_server import REPO, TritonServer
+from rose_triton.server import REPO, TritonServer
 
 ADMIN_KEY = "test-admin-key-0123456789"
 LIMITS = {  # (model, parameter or queue size) -> value

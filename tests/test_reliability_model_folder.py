@@ -9,9 +9,9 @@ import re
 import pytest
 
 from engine_lib.config import EncoderConfig, TokenizerConfig
-from engine_lib.serving import build_service
+from engine_lib.build import build_encoder
 from engine_lib.tokenization import TextTokenizer
-from triton_server import REPO, TritonServer
+from rose_triton.server import REPO, TritonServer
 
 
 def copy_model(model_dir, dest):
@@ -44,14 +44,14 @@ def test_encoder_start_names_the_broken_file(model_dir, tmp_path, name, content,
     folder = copy_model(model_dir, tmp_path / "model")
     replace(folder, name, content)
     with pytest.raises((OSError, ValueError), match=re.escape(str(folder / name)) + ".*" + message):
-        build_service(EncoderConfig(model_dir=str(folder), device="cpu"))
+        build_encoder(EncoderConfig(model_dir=str(folder), device="cpu"))
 
 
 def test_encoder_refuses_weights_of_another_shape(model_dir, tmp_path):
     folder = copy_model(model_dir, tmp_path / "model")
     set_vocab_size(folder, model_dir, 1000)
     with pytest.raises(ValueError, match=re.escape(str(folder / "model.safetensors")) + ".*shape"):
-        build_service(EncoderConfig(model_dir=str(folder), device="cpu"))
+        build_encoder(EncoderConfig(model_dir=str(folder), device="cpu"))
 
 
 def test_tokenizer_missing_names_the_file(model_dir, tmp_path):

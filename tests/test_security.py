@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from reliability_helpers import children
-from triton_server import REPO
+from rose_triton.server import REPO
 
 ADMIN_HTTP = [  # (method, path, body) of every admin API family Triton 2.51 has
     ("GET", "/v2/models/stats", None),

@@ -1,9 +1,6 @@
 """Model families, selected by `model_type` in the model folder's config.json."""
 from __future__ import annotations
 
-import json
-import os
-
 from .bert import BertModel, XLMRobertaModel
 from .qwen3 import Qwen3Model
 
@@ -12,17 +9,6 @@ MODEL_FAMILIES = {
     "xlm-roberta": XLMRobertaModel,
     "qwen3": Qwen3Model,
 }
-
-
-def read_model_config(model_dir: str) -> dict:
-    path = os.path.join(model_dir, "config.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: model folder has no config.json") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
 def model_class(cfg: dict):

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..lineup import PEERS, openai_target, peer_python
+from ..lineup import openai_target, peer_python
 from ..runner import log
 
 SERVED_NAME = "bench-model"

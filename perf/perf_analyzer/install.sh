@@ -4,7 +4,7 @@
 # Debian 13 (glibc >= 2.38): the binary runs as is. Debian 12 (glibc 2.36): libc6, libstdc++6 and
 # libgcc-s1 are fetched from the trixie suite of the machine's OWN configured Debian mirror with a
 # private apt state (nothing on the system changes) and the binary runs under their loader
-# (DESIGN.md fact 3). No mirror host is written anywhere: it is read from the apt configuration.
+# (docs/platform.md, "perf_analyzer on Debian 12"). No mirror host is written anywhere: it is read from the apt configuration.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEST="${PERF_ANALYZER_HOME:-$ROOT/perf/.peers/perf-analyzer}"

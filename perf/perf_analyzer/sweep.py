@@ -30,7 +30,7 @@ def ensure_installed() -> Path:
 
 def input_data(path: Path, texts_per_request: int, seq_len: int, num_entries: int = 16) -> Path:
     """perf_analyzer --input-data JSON: `num_entries` requests of real texts of ~seq_len tokens."""
-    from engine_lib.config import resolve_model_dir
+    from engine_lib.model_folder import resolve_model_dir
     from perf.texts import TextMaker
 
     maker = TextMaker(os.path.join(resolve_model_dir("default"), "tokenizer.json"), 512)
@@ -113,8 +113,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     server = None
     if not args.grpc_url:
-        sys.path.insert(0, str(REPO / "tests"))
-        from triton_server import TritonServer
+        from rose_triton.server import TritonServer
 
         args.admin_key = args.admin_key or secrets.token_hex(16)
         server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600,

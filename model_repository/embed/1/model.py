@@ -4,7 +4,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.errors import code_name_from_message
+from rose_triton.errors import code_name_from_message
 
 
 def _error_response(error):

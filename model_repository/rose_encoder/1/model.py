@@ -1,12 +1,14 @@
-"""Triton adapter (decoupled): pool requests into engine_lib's EncoderService."""
+"""Triton adapter (decoupled): requests -> engine_lib's Encoder (pool, FCFS batches, LazyTensors)."""
 import triton_python_backend_utils as pb_utils
 
+from engine_lib.build import build_encoder
 from engine_lib.config import EncoderConfig
-from engine_lib.errors import InputError, OverloadError, client_message, code_name
-from engine_lib.metrics import MetricsPublisher, TritonMetricSink
+from engine_lib.errors import InputError, OverloadError
+from engine_lib.metrics import MetricsPublisher
 from engine_lib.options import RequestOptions
-from engine_lib.serving import build_service
-from engine_lib.triton_adapter import config_parameters, env_overrides
+from rose_triton.errors import client_message, code_name
+from rose_triton.metrics import TritonMetricSink
+from rose_triton.parameters import config_parameters, env_overrides
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -24,11 +26,12 @@ class TritonPythonModel:
     def initialize(self, args):
         try:
             config = EncoderConfig.from_parameters(config_parameters(args), **env_overrides(EncoderConfig))
-            self.service = build_service(config)
+            self.encoder = build_encoder(config)
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         sink = TritonMetricSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
-        self.publisher = MetricsPublisher(self.service.metrics, self.service.queue_depth, sink)
+        service = self.encoder.service
+        self.publisher = MetricsPublisher(service.metrics, service.queue_depth, sink)
 
     def execute(self, requests):
         for request in requests:
@@ -37,7 +40,7 @@ class TritonPythonModel:
                 input_ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS").as_numpy()
                 seq_lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS").as_numpy()
                 options = RequestOptions.from_parameters(request.parameters())
-                self.service.submit(input_ids, seq_lens, options,
+                self.encoder.submit(input_ids, seq_lens, options,
                                     lambda rows, error, sender=sender: _respond(sender, rows, error),
                                     is_cancelled=sender.is_cancelled)
             except (InputError, OverloadError) as exc:
@@ -48,5 +51,5 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.service.close()
+        self.encoder.close()
         self.publisher.close()

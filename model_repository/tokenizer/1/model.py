@@ -2,18 +2,19 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.config import TokenizerConfig, resolve_model_dir
-from engine_lib.errors import InputError, client_message
+from engine_lib.config import TokenizerConfig
+from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization import TextTokenizer
-from engine_lib.triton_adapter import config_parameters, env_overrides
+from rose_triton.errors import client_message
+from rose_triton.parameters import config_parameters, env_overrides
 
 
 class TritonPythonModel:
     def initialize(self, args):
         try:
             config = TokenizerConfig.from_parameters(config_parameters(args), **env_overrides(TokenizerConfig))
-            self.tokenizer = TextTokenizer(resolve_model_dir(config.model_dir), config)
+            self.tokenizer = TextTokenizer(config.model_dir, config)
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
 

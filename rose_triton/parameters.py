@@ -1,4 +1,8 @@
-"""Helpers shared by the model.py adapters (no triton import here)."""
+"""config.pbtxt parameters and the launcher's environment -> the config dataclasses' string inputs.
+
+Precedence, in one place: a ROSE_<FIELD> environment variable set by the
+launcher overrides the config.pbtxt parameter, which overrides the dataclass
+default; the dataclass converts and validates (engine_lib/config.py)."""
 from __future__ import annotations
 
 import dataclasses
