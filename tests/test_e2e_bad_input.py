@@ -8,6 +8,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from embed_clients import embed_stream, embed_unary_http
+from rose_triton.errors import code_name_from_message
 
 GOOD = ["a good request still works"]
 
@@ -81,3 +82,31 @@ def test_pre_tokenized_encoder_rejects_inconsistent_lengths(server):
     client.stop_stream()  # waits for outstanding responses
     client.close()
     assert len(results) == 1 and "SEQ_LENS sums to 5 but INPUT_IDS has 3 tokens" in str(results[0])
+
+
+def grpc_infer_raw(server, array, params=None, model="embed"):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        text = grpcclient.InferInput("TEXT", list(array.shape), "BYTES")
+        text.set_data_from_numpy(array)
+        return client.infer(model, [text], parameters=params)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("case", ["empty string", "not utf-8", "unknown option"])
+def test_bad_input_status_code_survives_every_path(server, case):
+    """The code, not only the message: HTTP 400 and gRPC INVALID_ARGUMENT through the unary
+    front (BLS would hand it over as INTERNAL), the `invalid input` tag on the gRPC stream
+    (stream errors carry a message only)."""
+    array, _, params, message = BAD_CASES[case]
+    with pytest.raises(InferenceServerException) as http_error:
+        http_infer_raw(server, array, params=params)
+    assert http_error.value.status() == "400", (http_error.value.status(), str(http_error.value))
+    with pytest.raises(InferenceServerException) as grpc_error:
+        grpc_infer_raw(server, array, params)
+    assert grpc_error.value.status() == "StatusCode.INVALID_ARGUMENT", grpc_error.value.status()
+    with pytest.raises(InferenceServerException) as stream_error:
+        embed_stream(server.grpc_url, list(array), params)
+    assert code_name_from_message(str(stream_error.value)) == "INVALID_ARG", str(stream_error.value)
+    assert all(message in str(e.value) for e in (http_error, grpc_error, stream_error))

@@ -82,16 +82,12 @@ def test_sixteen_concurrent_clients_nothing_lost_or_crossed(server, reference):
     def client(seed):
         rng = random.Random(seed)
         call = list(WAYS.values())[seed % len(WAYS)]
-        checked = 0
         for _ in range(3):
             texts = [rng.choice(pool_texts) for _ in range(rng.randint(1, 64))]
             rows = call(server, texts)
             assert rows.shape == (len(texts), 384), (seed, rows.shape)
             cos = cosines(rows, np.stack([reference[t] for t in texts]))
             assert cos.min() >= 0.999, (seed, float(cos.min()))
-            checked += len(texts)
-        return checked
 
     with ThreadPoolExecutor(16) as pool:
-        counts = list(pool.map(client, range(16)))
-    assert len(counts) == 16 and all(c >= 3 for c in counts)
+        list(pool.map(client, range(16)))  # each client asserts its own rows; map re-raises a failure

@@ -16,16 +16,15 @@ from engine_lib.serving import EncoderService
 
 
 
-def test_resolved_tensor_is_ready_at_once():
+def test_resolved_tensor_returns_its_value_without_copying():
     value = np.arange(6, dtype=np.float32).reshape(2, 3)
-    lazy = ResolvedTensor(value)
-    assert lazy.ready() and lazy.wait() is value
+    assert ResolvedTensor(value).wait() is value
 
 
 def test_cpu_engine_step_returns_a_resolved_result():
     engine = Engine(resolve_model_dir("default"), device="cpu")
     lazy = engine.step(PackedBatch.from_sequences([np.array([101, 7592, 102]), np.array([101, 102])]))
-    assert lazy.ready()
+    assert isinstance(lazy, ResolvedTensor)  # CPU steps are synchronous: nothing in flight
     result = lazy.wait()
     assert result.shape == (2, engine.hidden_size) and result.dtype == np.float32
 
@@ -97,7 +96,7 @@ def test_cuda_lazy_tensor_copies_after_the_forward_and_releases_the_gil():
     expected = device_tensor.cpu().numpy()
     torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work the copy must wait for
     lazy = CudaLazyTensor(device_tensor * 2, torch.cuda.Stream())
-    assert not lazy.ready()
+    assert not lazy._event.query()  # the copy waits behind the GPU work
     finished = {}
 
     def tick():
@@ -111,5 +110,5 @@ def test_cuda_lazy_tensor_copies_after_the_forward_and_releases_the_gil():
     finished["wait"] = time.monotonic()
     ticker.join()
     assert finished["ticker"] < finished["wait"]  # the ticker ran while wait() blocked
-    assert lazy.ready() and lazy._device_tensor is None
+    assert lazy._event.query() and lazy._device_tensor is None
     np.testing.assert_allclose(result, expected * 2, rtol=1e-6)

@@ -21,10 +21,11 @@ from texts import LONG_TEXTS
 
 
 class Blocker:
-    """~9k tokens through the ensemble: seconds of CPU work queued ahead of everything else."""
+    """~9k tokens x `scale` through the ensemble: seconds of work queued ahead of everything else."""
 
-    def __init__(self, server):
+    def __init__(self, server, scale=1):
         self.server = server
+        self.scale = scale
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
@@ -34,7 +35,8 @@ class Blocker:
             time.sleep(0.05)
 
     def _run(self):
-        embed_stream(self.server.grpc_url, [t + f" {i}" for i in range(12) for t in LONG_TEXTS], timeout=300)
+        embed_stream(self.server.grpc_url, [t + f" {i}" for i in range(12 * self.scale) for t in LONG_TEXTS],
+                     timeout=300)
         self.done.set()
 
     def join(self):
@@ -58,43 +60,43 @@ def send_on_stream(client, model, inputs):
     client.async_stream_infer(model, inputs)
 
 
+def cancel_behind_a_blocker(server, model, inputs, wait_before_cancel):
+    """Send `inputs` on a stream behind a blocker and cancel it while the blocker still runs.
+
+    The blocker doubles until it outlasts the cancellation, so a faster machine
+    needs more attempts, never a skip. Returns the metrics sample from before."""
+    for scale in (1, 2, 4, 8):
+        _, before = scrape(server)
+        blocker = Blocker(server, scale)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        send_on_stream(client, model, inputs)
+        time.sleep(wait_before_cancel)
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        cancelled_while_blocked = not blocker.done.is_set()
+        blocker.join()
+        if cancelled_while_blocked:
+            return before
+    pytest.fail("the blocker finished before the cancellation even at 8x its size")
+
+
 def test_cancelled_encoder_stream_drops_its_queued_sequences(server, model_dir):
-    _, before = scrape(server)
-    blocker = Blocker(server)
     texts = [f"cancel me {i} " + LONG_TEXTS[i % 3] for i in range(24)]
     input_ids, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
     inputs = [grpcclient.InferInput("INPUT_IDS", [len(input_ids)], "INT64"),
               grpcclient.InferInput("SEQ_LENS", [len(seq_lens)], "INT64")]
     inputs[0].set_data_from_numpy(input_ids)
     inputs[1].set_data_from_numpy(seq_lens)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    send_on_stream(client, "rose_encoder", inputs)
-    time.sleep(0.5)
-    client.stop_stream(cancel_requests=True)
-    client.close()
-    cancelled_while_blocked = not blocker.done.is_set()
-    blocker.join()
-    if not cancelled_while_blocked:
-        pytest.skip("the blocker finished before the cancellation (machine too fast for this sizing)")
+    before = cancel_behind_a_blocker(server, "rose_encoder", inputs, wait_before_cancel=0.5)
     cancelled, dropped = cancellation_counts(server, before)
     assert cancelled == 1 and 1 <= dropped <= len(texts), (cancelled, dropped)
     assert embed_stream(server.grpc_url, ["still serving"]).shape == (1, 384)
 
 
 def test_ensemble_cancelled_before_the_encoder_step_is_dropped(server):
-    _, before = scrape(server)
-    blocker = Blocker(server)
     slow_texts = ["x" * (512 << 10)] * 2  # about a second in the tokenizer: cancel lands there
     text = grpcclient.InferInput("TEXT", [2], "BYTES")
     text.set_data_from_numpy(np.array([t.encode() for t in slow_texts], dtype=object))
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    send_on_stream(client, "ensemble", [text])
-    time.sleep(0.2)
-    client.stop_stream(cancel_requests=True)
-    client.close()
-    cancelled_while_blocked = not blocker.done.is_set()
-    blocker.join()
-    if not cancelled_while_blocked:
-        pytest.skip("the blocker finished before the cancellation (machine too fast for this sizing)")
+    before = cancel_behind_a_blocker(server, "ensemble", [text], wait_before_cancel=0.2)
     cancelled, dropped = cancellation_counts(server, before)
     assert (cancelled, dropped) == (1, 2)
