@@ -15,18 +15,24 @@ def _ok(result: dict) -> bool:
     return "error" not in result and "skipped" not in result
 
 
-def latency_plot(results: dict, scenario: str, cells: list[dict], path: Path) -> None:
+def _metric(cell: dict, name: str, key: str) -> float:
+    result = cell["results"].get(name, {})
+    return result.get(key, 0) if _ok(result) else 0
+
+
+def bar_plot(results: dict, scenario: str, cells: list[dict], path: Path,
+             layers: tuple[tuple[str, float], ...], ylabel: str) -> None:
+    """One group of bars per cell, one bar per target; `layers` (metric, alpha) drawn back to front."""
     names = list(results["targets"])
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cells) * len(names) / 2), 4))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs = [j + i * width for j in range(len(cells))]
-        p50 = [c["results"].get(name, {}).get("p50_ms", 0) if _ok(c["results"].get(name, {})) else 0 for c in cells]
-        p99 = [c["results"].get(name, {}).get("p99_ms", 0) if _ok(c["results"].get(name, {})) else 0 for c in cells]
-        ax.bar(xs, p99, width, alpha=0.35, color=f"C{i}")
-        ax.bar(xs, p50, width, label=name, color=f"C{i}")
+        for key, alpha in layers:
+            ax.bar(xs, [_metric(c, name, key) for c in cells], width, alpha=alpha, color=f"C{i}",
+                   label=name if alpha == 1 else None)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [c["label"] for c in cells], fontsize=7)
-    ax.set_ylabel("ms (solid p50, light p99)")
+    ax.set_ylabel(ylabel)
     ax.set_title(f"{results['profile']}: {scenario}")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -54,24 +60,6 @@ def concurrency_plot(results: dict, scenario: str, cells: list[dict], path: Path
     plt.close(fig)
 
 
-def throughput_plot(results: dict, scenario: str, cells: list[dict], path: Path) -> None:
-    names = list(results["targets"])
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cells) * len(names) / 2), 4))
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        xs = [j + i * width for j in range(len(cells))]
-        ys = [c["results"].get(name, {}).get("embeddings_per_s", 0) if _ok(c["results"].get(name, {})) else 0
-              for c in cells]
-        ax.bar(xs, ys, width, label=name, color=f"C{i}")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [c["label"] for c in cells], fontsize=7)
-    ax.set_ylabel("embeddings/s")
-    ax.set_title(f"{results['profile']}: {scenario}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(json_path: str) -> None:
     path = Path(json_path)
     results = json.loads(path.read_text())
@@ -81,11 +69,11 @@ def main(json_path: str) -> None:
     for k, (scenario, cells) in enumerate(scenarios.items(), 1):
         out = path.with_name(f"{results['profile']}-{k}.png")
         if cells[0]["mode"] == "sequential":
-            latency_plot(results, scenario, cells, out)
+            bar_plot(results, scenario, cells, out, (("p99_ms", 0.35), ("p50_ms", 1)), "ms (solid p50, light p99)")
         elif len({c["concurrency"] for c in cells}) > 1 and len({c["seq_len"] for c in cells}) == 1:
             concurrency_plot(results, scenario, cells, out)
         else:
-            throughput_plot(results, scenario, cells, out)
+            bar_plot(results, scenario, cells, out, (("embeddings_per_s", 1),), "embeddings/s")
         print(f"[perf] plot {out}", file=sys.stderr)
 
 

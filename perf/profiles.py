@@ -1,4 +1,4 @@
-"""The seed's four scenarios as profiles: `seed` (GPU numbers), `cpu` (scaled), `issue2` (the spine's benchmark)."""
+"""The seed's four scenarios as profiles: `seed` (GPU numbers), `cpu` (scaled), `served-vs-st` (the served ensemble against sentence-transformers in-process)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -81,8 +81,8 @@ PROFILES = {
                "tokens; throughput requests of 32 texts (seed: 100); concurrency at 128 tokens (seed: 512).",
                "On a 2-core machine the server, its client processes and in-process peers share the same "
                "cores; served targets pay for their clients, in-process peers do not.")),
-    "issue2": Profile(
-        "issue2", "Issue 2's benchmark: served ensemble vs sentence-transformers encode, same texts.",
+    "served-vs-st": Profile(
+        "served-vs-st", "Served ensemble (text in, over gRPC) vs sentence-transformers encode in-process, same texts.",
         (Cell("latency", "lat-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=60),
          Cell("throughput", "tput-256-c1", "load", "text", 256, 32, 1, duration_s=20, metric="embeddings_per_s"),
          Cell("throughput", "tput-256-c4", "load", "text", 256, 32, 4, duration_s=20, metric="embeddings_per_s")),
