@@ -1,6 +1,6 @@
 """Random-weight model folders for reference tests (no hub): HF model + safetensors + tokenizer.
 
-Shared by tests/test_models_*.py, tests/test_qwen3_e2e.py and perf/gpu_*.py.
+Shared by tests/test_models_*.py, tests/test_qwen3_e2e.py and tests/test_cuda_graphs.py.
 Weights are perturbed away from HF's init (norm weights of exactly 1, zero
 biases) so that a wrong norm, bias or position handling cannot hide.
 """

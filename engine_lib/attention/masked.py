@@ -1,7 +1,8 @@
 """Block-diagonal masked SDPA over all packed tokens: graph-capturable on any device.
 
 Costs O(num_tokens^2) memory per layer, so it suits small batches; it is the
-graph-capable reference on CPU and the GPU fallback when no flash kernel fits.
+graph-capable reference on CPU (tests of graph bookkeeping use it). `auto`
+never picks it: without a flash kernel the GPU runs `sdpa` (docs/engine.md).
 """
 from __future__ import annotations
 
