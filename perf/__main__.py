@@ -81,8 +81,29 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(f"stopped by signal {signum}")  # so the finally below stops every server it started
 
 
+def cmd_overhead(args) -> None:
+    from .overhead import report as overhead_report
+    from .overhead.run import Settings, run
+
+    desc = machine.describe()
+    out_dir = Path(args.out) if args.out else REPO / "perf" / "results" / machine.slug(desc)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_json = out_dir / "overhead.json"
+    settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
+    if args.quiet_wait:
+        runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
+    results = run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc)
+    out_json.with_suffix(".md").write_text(overhead_report.markdown(results))
+    if not args.no_plots:
+        plot(out_json)
+    runner.log(f"wrote {out_json} and {out_json.with_suffix('.md')}")
+    print(overhead_report.markdown(results))
+
+
 def cmd_run(args) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if args.profile == "overhead":
+        return cmd_overhead(args)
     profile = PROFILES[args.profile]
     names = args.targets.split(",") if args.targets else list(profile.default_targets)
     cells = [c.scaled(args.scale) if args.scale != 1 else c for c in profile.cells
@@ -126,13 +147,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a profile against ours and peers")
-    run.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+    run.add_argument("--profile", choices=sorted([*PROFILES, "overhead"]), default="cpu",
+                     help="overhead: the server's own cost per request (perf/overhead/, docs/benchmarks.md)")
     run.add_argument("--targets", help=f"comma list (default: the profile's); known: {','.join(lineup.LABELS)}")
     run.add_argument("--cells", help="comma list of cell keys (default: all)")
     run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
     run.add_argument("--out", help="output folder (default: perf/results/<date>-<machine>)")
+    run.add_argument("--compare", help="overhead profile: also serve these git refs (comma list), same run")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--no-gemm", action="store_true")
     run.add_argument("--quiet-wait", type=float, default=120.0,
@@ -154,7 +177,12 @@ def main(argv=None) -> None:
 
         do_setup(args.name, model_info(args.model_dir)["dir"])
     elif args.command == "report":
-        args.json.with_suffix(".md").write_text(report.markdown(json.loads(args.json.read_text())))
+        results = json.loads(args.json.read_text())
+        if results["profile"] == "overhead":
+            from .overhead.report import markdown
+        else:
+            markdown = report.markdown
+        args.json.with_suffix(".md").write_text(markdown(results))
         plot(args.json)
     elif args.command == "readme":
         report.update_readme(REPO / "README.md", report.readme_section([p.resolve() for p in args.json], REPO))

@@ -63,6 +63,12 @@ def concurrency_plot(results: dict, scenario: str, cells: list[dict], path: Path
 def main(json_path: str) -> None:
     path = Path(json_path)
     results = json.loads(path.read_text())
+    if results["profile"] == "overhead":
+        from perf.overhead.plot import plot
+
+        plot(results, path.with_name("overhead.png"))
+        print(f"[perf] plot {path.with_name('overhead.png')}", file=sys.stderr)
+        return
     scenarios: dict[str, list[dict]] = {}
     for cell in results["cells"]:
         scenarios.setdefault(cell["scenario"], []).append(cell)

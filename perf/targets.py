@@ -25,10 +25,11 @@ def _text_array(texts) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RoseStream:
-    """Ours: gRPC streaming on `ensemble` (text in) or `rose_encoder` (token ids in)."""
+    """Ours: gRPC streaming on `ensemble` (text in) or `rose_encoder` (token ids in); `model` overrides."""
     grpc_url: str
     pre_tokenized: bool = False
     timeout: float = 600.0
+    model: str = ""
 
     def connect(self):
         import tritonclient.grpc as grpcclient
@@ -43,11 +44,11 @@ class RoseStream:
                 ids.set_data_from_numpy(request.input_ids)
                 lens = grpcclient.InferInput("SEQ_LENS", [request.seq_lens.size], "INT64")
                 lens.set_data_from_numpy(request.seq_lens)
-                client.async_stream_infer("rose_encoder", [ids, lens])
+                client.async_stream_infer(self.model or "rose_encoder", [ids, lens])
             else:
                 text = grpcclient.InferInput("TEXT", [len(request.texts)], "BYTES")
                 text.set_data_from_numpy(_text_array(request.texts))
-                client.async_stream_infer("ensemble", [text])
+                client.async_stream_infer(self.model or "ensemble", [text])
             result, error = results.get(timeout=self.timeout)
             if error is not None:
                 raise RuntimeError(f"rose: {error}")

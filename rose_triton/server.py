@@ -23,8 +23,9 @@ class TritonServer:
 
     def __init__(self, log_path: Path, env: dict | None = None, extra_args: list[str] | None = None,
                  ready_timeout: float = 240.0, serve_args: list[str] | None = None,
-                 admin_key: str | None = None):
-        """`admin_key`: the secret for the restricted admin APIs (None: refused to everyone)."""
+                 admin_key: str | None = None, root: Path = REPO):
+        """`admin_key`: the secret for the restricted admin APIs (None: refused to everyone);
+        `root`: the checkout whose launcher and models to serve (perf compares two commits)."""
         self.admin_key = admin_key
         env = {**(env or {}), **({"ROSE_ADMIN_KEY": admin_key} if admin_key else {})}
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
@@ -32,7 +33,7 @@ class TritonServer:
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.log_path = log_path
-        cmd = [str(REPO / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
+        cmd = [str(Path(root) / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
                "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port), *(serve_args or [])]
         if extra_args:
             cmd += ["--", *extra_args]

@@ -1,0 +1,98 @@
+"""Overhead results JSON -> markdown (tables per path, load, hops, floor)."""
+from __future__ import annotations
+
+from ..report import machine_line
+
+HOPS = ("wait", "form", "compute", "respond")
+HOP_NAMES = {"wait": "execute entry -> picked into a batch", "form": "picked -> launched",
+             "compute": "launched -> result ready", "respond": "result ready -> response sent"}
+
+
+def _f(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(new, old) -> str:
+    return f"{old / new:.2f}x" if new and old else "-"
+
+
+def path_table(results: dict) -> list[str]:
+    variants, inproc = results["variants"], results["inproc"]
+    compare = variants[1:]
+    head = ("| path | server | served p50 / p99 ms | model ms | overhead p50 / p99 ms | server CPU ms/req "
+            "| client CPU ms/req |" + "".join(f" overhead p50 vs {c} |" for c in compare))
+    lines = [head, "|---" * (7 + len(compare)) + "|"]
+    for path, by_variant in results["paths"].items():
+        for name in variants:
+            r = by_variant.get(name)
+            if r is None:
+                continue
+            ratios = "".join(f" {_ratio(r['overhead_p50_ms'], by_variant.get(c, {}).get('overhead_p50_ms'))} |"
+                             if name == "current" else " |" for c in compare)
+            lines.append(f"| `{path}` | {name} | {_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['model_ms'])} | "
+                         f"{_f(r['overhead_p50_ms'])} / {_f(r['overhead_p99_ms'])} | "
+                         f"{_f(r['server_cpu_ms_per_request'])} | {_f(r['client_cpu_ms_per_request'])} |{ratios}")
+    step, tok, svc = (inproc[k] for k in ("engine_step", "tokenizer", "service"))
+    lines += ["", f"In-process, same model, this process ({inproc['torch_threads']} torch threads), p50 / p99 ms: "
+              f"`Engine.step` {_f(step['p50_ms'], 3)} / {_f(step['p99_ms'], 3)}; tokenizer (decode + encode) "
+              f"{_f(tok['p50_ms'], 3)} / {_f(tok['p99_ms'], 3)}; `EncoderService` submit -> callback (its threads, "
+              f"no Triton) {_f(svc['p50_ms'], 3)} / {_f(svc['p99_ms'], 3)}.", ""]
+    return lines
+
+
+def load_table(results: dict) -> list[str]:
+    variants = results["variants"]
+    lines = ["| path | clients | server | requests/s | p50 / p99 ms | server CPU ms/req | vs padded (req/s, CPU) |"
+             " machine busy before |", "|---" * 8 + "|"]
+    padded = {c["concurrency"]: c["results"].get("current") for c in results.get("load", []) if c["path"] == "padded"}
+    for cell in results.get("load", []):
+        base = padded.get(cell["concurrency"])
+        for name in variants:
+            r = cell["results"].get(name)
+            if r is None:
+                continue
+            vs = (f"{r['requests_per_s'] / base['requests_per_s']:.2f}x, "
+                  f"{base['server_cpu_ms_per_request'] / r['server_cpu_ms_per_request']:.2f}x"
+                  if base and cell["path"] != "padded" else "-")
+            lines.append(f"| `{cell['path']}` | {cell['concurrency']} | {name} | {r['requests_per_s']:.0f} | "
+                         f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['server_cpu_ms_per_request'])} | {vs} | "
+                         f"{r['machine_busy_before']:.0%} |")
+    return lines + ["", "`vs padded` > 1 means ours is better: more requests/s, less server CPU per request.", ""]
+
+
+def hop_table(results: dict) -> list[str]:
+    lines = ["| path | server | Triton per model: queue / compute_input / compute_infer / compute_output us "
+             "| encoder: " + " / ".join(HOPS) + " us | server CPU ms/req by process |", "|---" * 5 + "|"]
+    for path, by_variant in results["paths"].items():
+        for name, r in by_variant.items():
+            models = "; ".join(f"{m} " + " / ".join(_f(s.get(k + "_us"), 0) for k in
+                                                     ("queue", "compute_input", "compute_infer", "compute_output"))
+                               for m, s in r["triton_stats"].items())
+            hop = r["encoder_hops_us"]
+            hops = " / ".join(_f(hop.get(h), 0) for h in HOPS) if hop else "-"
+            cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["server_cpu_ms_by_process"].items())
+            lines.append(f"| `{path}` | {name} | {models} | {hops} | {cpu} |")
+    return lines + ["", "Encoder hops: " + "; ".join(f"{h} = {d}" for h, d in HOP_NAMES.items()) + ". Triton "
+                    "statistics are means per request over the timed windows (a decoupled model's compute_infer "
+                    "is its `execute` call, not the request's life).", ""]
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    busy = results.get("machine_busy_before_rounds", [])
+    lines = [f"# Benchmark `overhead`: {m['date']}", "", results["description"], "",
+             f"- Machine: {machine_line(m)}", f"- Commit: `{m['git_commit']}`; servers: "
+             + ", ".join(f"`{v}`" for v in results["variants"]),
+             f"- Model: near-zero-compute BERT {results['model']['config']} with the default model's tokenizer "
+             f"(`{results['model']['dir']}`)",
+             f"- Settings: {results['settings']}",
+             "- Machine busy before each round (anyone's work): " + ", ".join(f"{b:.0%}" for b in busy),
+             "- Paths: " + "; ".join(f"`{p}` {d}" for p, d in results["paths_described"].items()), "",
+             "## Batch 1, one client, 128 tokens", "",
+             "Overhead = served p50 minus the same model in-process (`Engine.step`, plus the tokenizer where the "
+             "server tokenizes). Client CPU is this harness's own process (tritonclient / http.client).", ""]
+    lines += path_table(results)
+    if results.get("load"):
+        lines += ["## Concurrent clients (closed loop, single texts)", ""] + load_table(results)
+    lines += ["## Where the time goes (per hop)", ""] + hop_table(results)
+    return "\n".join(lines) + "\n"
