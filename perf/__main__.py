@@ -92,7 +92,8 @@ def cmd_overhead(args) -> None:
     settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
     if args.quiet_wait:
         runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
-    results = run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc)
+    results = run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc,
+                  args.variant or [])
     out_json.with_suffix(".md").write_text(overhead_report.markdown(results))
     if not args.no_plots:
         plot(out_json)
@@ -156,6 +157,8 @@ def main(argv=None) -> None:
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
     run.add_argument("--out", help="output folder (default: perf/results/<date>-<machine>)")
     run.add_argument("--compare", help="overhead profile: also serve these git refs (comma list), same run")
+    run.add_argument("--variant", action="append", metavar="LABEL=REF[:KEY=VALUE...]",
+                     help="overhead profile: also serve REF (. = this checkout) with KEY=VALUE in its environment")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--no-gemm", action="store_true")
     run.add_argument("--quiet-wait", type=float, default=120.0,

@@ -20,14 +20,15 @@ def path_table(results: dict) -> list[str]:
     variants, inproc = results["variants"], results["inproc"]
     compare = variants[1:]
     head = ("| path | server | served p50 / p99 ms | model ms | overhead p50 / p99 ms | server CPU ms/req "
-            "| client CPU ms/req |" + "".join(f" overhead p50 vs {c} |" for c in compare))
+            "| client CPU ms/req |" + "".join(f" current vs {c}: overhead p50, server CPU |" for c in compare))
     lines = [head, "|---" * (7 + len(compare)) + "|"]
     for path, by_variant in results["paths"].items():
         for name in variants:
             r = by_variant.get(name)
             if r is None:
                 continue
-            ratios = "".join(f" {_ratio(r['overhead_p50_ms'], by_variant.get(c, {}).get('overhead_p50_ms'))} |"
+            ratios = "".join(f" {_ratio(r['overhead_p50_ms'], by_variant.get(c, {}).get('overhead_p50_ms'))}, "
+                             f"{_ratio(r['server_cpu_ms_per_request'], by_variant.get(c, {}).get('server_cpu_ms_per_request'))} |"
                              if name == "current" else " |" for c in compare)
             lines.append(f"| `{path}` | {name} | {_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['model_ms'])} | "
                          f"{_f(r['overhead_p50_ms'])} / {_f(r['overhead_p99_ms'])} | "
@@ -43,7 +44,7 @@ def path_table(results: dict) -> list[str]:
 def load_table(results: dict) -> list[str]:
     variants = results["variants"]
     lines = ["| path | clients | server | requests/s | p50 / p99 ms | server CPU ms/req | vs padded (req/s, CPU) |"
-             " machine busy before |", "|---" * 8 + "|"]
+             " current vs this (req/s, CPU) | machine busy before |", "|---" * 9 + "|"]
     padded = {c["concurrency"]: c["results"].get("current") for c in results.get("load", []) if c["path"] == "padded"}
     for cell in results.get("load", []):
         base = padded.get(cell["concurrency"])
@@ -54,9 +55,13 @@ def load_table(results: dict) -> list[str]:
             vs = (f"{r['requests_per_s'] / base['requests_per_s']:.2f}x, "
                   f"{base['server_cpu_ms_per_request'] / r['server_cpu_ms_per_request']:.2f}x"
                   if base and cell["path"] != "padded" else "-")
+            cur = cell["results"].get("current")
+            mine = (f"{cur['requests_per_s'] / r['requests_per_s']:.2f}x, "
+                    f"{r['server_cpu_ms_per_request'] / cur['server_cpu_ms_per_request']:.2f}x"
+                    if cur and name != "current" else "-")
             lines.append(f"| `{cell['path']}` | {cell['concurrency']} | {name} | {r['requests_per_s']:.0f} | "
                          f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['server_cpu_ms_per_request'])} | {vs} | "
-                         f"{r['machine_busy_before']:.0%} |")
+                         f"{mine} | {r['machine_busy_before']:.0%} |")
     return lines + ["", "`vs padded` > 1 means ours is better: more requests/s, less server CPU per request.", ""]
 
 

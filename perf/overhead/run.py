@@ -198,7 +198,8 @@ def overheads(paths: dict, inproc: dict) -> None:
             result["overhead_p99_ms"] = result["p99_ms"] - model
 
 
-def run(model_dir: str | None, compare: list[str], settings: Settings, out_json: Path, desc: dict) -> dict:
+def run(model_dir: str | None, compare: list[str], settings: Settings, out_json: Path, desc: dict,
+        variant_specs: list[str] = ()) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from .inproc import InProcess
@@ -208,7 +209,7 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     floor = write_floor_repository(work / "floor", int(config["hidden_size"]))
-    variants = servers.variants_for(compare, work)
+    variants = servers.variants_for(compare, list(variant_specs), work)
     reference = SentenceTransformer(model_dir, device="cpu")
     maker = TextMaker(os.path.join(model_dir, "tokenizer.json"), int(config["max_position_embeddings"]))
     requests = maker.requests(16, 1, settings.seq_len, reference.max_seq_length)
@@ -217,6 +218,8 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
                "machine": desc, "settings": asdict(settings), "env": servers.machine_env(),
                "model": {"dir": model_dir, "config": {k: config[k] for k in SHAPE}, "tiny_shape": SHAPE},
                "variants": [v.name for v in variants],
+               "variant_env": {v.name: v.env for v in variants if v.env},
+               "variant_roots": {v.name: str(v.root) for v in variants},
                "paths_described": {p: clients.PATHS[p][0] for p in settings.paths},
                "started": datetime.datetime.now().isoformat(timespec="seconds")}
     try:

@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass
 class Variant:
-    name: str              # "current" or the git ref it was exported from
+    name: str              # "current", a git ref, or a label given with --variant
     root: Path
+    env: dict = field(default_factory=dict)  # extra server environment (e.g. ROSE_NUM_THREADS)
     server: object = None  # tests/triton_server.TritonServer
     admin_key: str = field(default_factory=lambda: secrets.token_hex(16))
     triton_pid: int | None = None
@@ -44,7 +45,8 @@ def start(variants: list[Variant], model_dir: str, extra_repositories: list[Path
         extra = [a for repo in (extra_repositories if i == 0 else []) for a in ("--model-repository", str(repo))]
         log(f"starting tritonserver for {variant.name} ({variant.root}; log {log_dir / (variant.name + '.log')})")
         variant.server = TritonServer(log_dir / f"{variant.name.replace('/', '_')}.log",
-                                      env={"ROSE_MODEL_DIR": model_dir}, extra_args=extra, ready_timeout=600,
+                                      env={"ROSE_MODEL_DIR": model_dir, **variant.env}, extra_args=extra,
+                                      ready_timeout=600,
                                       admin_key=variant.admin_key, root=variant.root)
         variant.triton_pid = find_named(variant.server.process.pid, "tritonserver")
         if variant.triton_pid is None:
@@ -60,9 +62,20 @@ def stop(variants: list[Variant], log) -> None:
                 log(f"while stopping {variant.name}: {exc}")
 
 
-def variants_for(compare: list[str], work: Path) -> list[Variant]:
-    current = Variant("current", REPO)
-    return [current] + [Variant(ref, export_ref(ref, work)) for ref in compare]
+def parse_variant(text: str, work: Path) -> Variant:
+    """`LABEL=REF[:KEY=VALUE...]`: REF "." is this checkout; KEY=VALUE go into the server's environment."""
+    label, _, rest = text.partition("=")
+    ref, *pairs = rest.split(":")
+    if not label or not ref or any("=" not in p for p in pairs):
+        raise SystemExit(f"--variant {text!r}: expected LABEL=REF[:KEY=VALUE...] (REF . = this checkout)")
+    root = REPO if ref == "." else export_ref(ref, work)
+    return Variant(label, root, dict(p.split("=", 1) for p in pairs))
+
+
+def variants_for(compare: list[str], extra: list[str], work: Path) -> list[Variant]:
+    """"current" (this checkout, as configured) first: it also serves the floor and the padded baseline."""
+    return ([Variant("current", REPO)] + [Variant(ref, export_ref(ref, work)) for ref in compare]
+            + [parse_variant(v, work) for v in extra])
 
 
 def machine_env() -> dict:
