@@ -80,8 +80,10 @@ class Encoder:
         self.limits = EncoderLimits.of(service)
 
     def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options: RequestOptions,
-               on_done: DoneCallback, is_cancelled: Optional[Callable[[], bool]] = None) -> int:
-        """Queue one request; raises InputError/OverloadError before queuing anything."""
+               on_done: DoneCallback, is_cancelled: Optional[Callable[[], bool]] = None,
+               received_at: Optional[float] = None) -> int:
+        """Queue one request; raises InputError/OverloadError before queuing anything.
+        `received_at`: time.perf_counter() when the adapter got it (hop timing)."""
         try:
             sequences = split_sequences(input_ids, seq_lens, self.limits)
             check_options(options, self.limits)
@@ -92,7 +94,7 @@ class Encoder:
         def finish(rows, error):
             on_done(None if rows is None else finish_rows(rows, options), error)
 
-        return self.service.submit(sequences, finish, is_cancelled)
+        return self.service.submit(sequences, finish, is_cancelled, received_at)
 
     def close(self, timeout: float = 60.0) -> None:
         self.service.close(timeout)

@@ -41,7 +41,12 @@ SPECS = {spec.name: spec for spec in (
     MetricSpec("rose_refused_total", "counter", "Requests refused by admission control, by reason"),
     MetricSpec("rose_cancelled_sequences_total", "counter",
                "Queued sequences dropped before compute because their request was cancelled"),
+    MetricSpec("rose_hop_seconds_total", "counter",
+               "Seconds answered requests spent per hop inside the encoder (divide by rose_requests_total ok)"),
 )}
+
+# Hops of a request inside the encoder, in order (docs/operations.md).
+HOPS = ("wait", "form", "compute", "respond")
 
 
 # Label sets created at zero on start, so every series is on /metrics before it first moves.
@@ -49,6 +54,7 @@ INITIAL_LABELS = {
     "rose_requests_total": [{"outcome": o} for o in ("ok", "invalid", "error", "cancelled")],
     "rose_refused_total": [{"reason": r} for r in ("queue_tokens", "queue_requests", "shutting_down")],
     "rose_cancelled_sequences_total": [{}],
+    "rose_hop_seconds_total": [{"hop": h} for h in HOPS],
     "rose_step_tokens": [{}], "rose_step_sequences": [{}], "rose_step_seconds": [{}],
 }
 
@@ -76,6 +82,14 @@ class EncoderMetrics:
         with self._lock:
             self._counts[key] += amount
             self.totals[key] += amount
+
+    def count_each(self, name: str, label: str, amounts: Mapping[str, float]) -> None:
+        """Several series of one counter under one lock: `name{label=key} += amount`."""
+        with self._lock:
+            for key, amount in amounts.items():
+                series = (name, ((label, key),))
+                self._counts[series] += amount
+                self.totals[series] += amount
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         self._observations.append((name, tuple(sorted(labels.items())), value))

@@ -43,6 +43,12 @@ class _PooledRequest:
     is_cancelled: Optional[Callable[[], bool]] = None
     checked_at: float = 0.0  # last cancellation check (or arrival), time.monotonic()
     finished: bool = False
+    # Hop timestamps (time.perf_counter): received by the adapter, first sequence
+    # picked into a batch, last launched, last result on the host.
+    received: float = 0.0
+    picked: float = 0.0
+    launched: float = 0.0
+    ready: float = 0.0
 
 
 class EncoderService:
@@ -72,7 +78,7 @@ class EncoderService:
         self._completer.start()
 
     def submit(self, sequences: list[np.ndarray], on_done: DoneCallback,
-               is_cancelled: Optional[Callable[[], bool]] = None) -> int:
+               is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None) -> int:
         """Queue one request's sequences (already validated, see encoder.py); raises
         OverloadError before queuing anything. `on_done(rows, error)` gets the raw
         pooled rows [len(sequences), hidden] in order.
@@ -90,8 +96,8 @@ class EncoderService:
                 raise OverloadError(message)
             key = next(self._ids)
             rows = np.empty((len(sequences), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(sequences, on_done, rows, len(sequences),
-                                                 is_cancelled, time.monotonic())
+            self._requests[key] = _PooledRequest(sequences, on_done, rows, len(sequences), is_cancelled,
+                                                 time.monotonic(), received=received_at or time.perf_counter())
             self._batcher.add(key, (len(s) for s in sequences))
             self._lock.notify()
         return key
@@ -131,16 +137,21 @@ class EncoderService:
                 if not len(self._batcher):
                     break  # closing and drained
                 scheduled = self._batcher.next_batch()
+            picked_at = time.perf_counter()
             self._inflight.acquire()
             # Checked after the wait for a launch slot, right before launching.
             scheduled = self._drop_cancelled(scheduled)
             with self._lock:  # a failure on the completion thread may have answered some already
                 scheduled = [s for s in scheduled if s.request_key in self._requests]
-                sequences = [self._requests[s.request_key].sequences[s.index] for s in scheduled]
+                requests = [self._requests[s.request_key] for s in scheduled]
             if not scheduled:
                 self._inflight.release()
                 continue
+            sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
             launched_at = time.perf_counter()
+            for request in requests:
+                request.picked = request.picked or picked_at
+                request.launched = launched_at
             try:
                 lazy = self.engine.step(PackedBatch.from_sequences(sequences))
             except Exception as exc:  # a failed step fails its requests, not the service
@@ -189,9 +200,10 @@ class EncoderService:
                 continue
             finally:
                 self._inflight.release()
-            self._record(scheduled, time.perf_counter() - launched_at)
+            ready_at = time.perf_counter()
+            self._record(scheduled, ready_at - launched_at)
             for seq, row in zip(scheduled, rows):
-                self._deliver(seq, row)
+                self._deliver(seq, row, ready_at)
 
     def _record(self, scheduled: list[ScheduledSequence], seconds: float) -> None:
         tokens = sum(s.num_tokens for s in scheduled)
@@ -199,11 +211,12 @@ class EncoderService:
         self.metrics.observe("rose_step_sequences", len(scheduled))
         self.metrics.observe("rose_step_seconds", seconds)
 
-    def _deliver(self, seq: ScheduledSequence, row: np.ndarray) -> None:
+    def _deliver(self, seq: ScheduledSequence, row: np.ndarray, ready_at: float) -> None:
         request = self._requests.get(seq.request_key)
         if request is None or request.finished:
             return
         request.rows[seq.index] = row
+        request.ready = ready_at
         request.remaining -= 1
         if request.remaining == 0:
             self._finish(seq.request_key, request, None)
@@ -233,4 +246,11 @@ class EncoderService:
             request.on_done(None if error is not None else request.rows, error)
         except Exception:
             log.exception("response callback failed")
+        if error is None:
+            self._record_hops(request, time.perf_counter())
+
+    def _record_hops(self, r: _PooledRequest, sent_at: float) -> None:
+        self.metrics.count_each("rose_hop_seconds_total", "hop", {
+            "wait": r.picked - r.received, "form": r.launched - r.picked,
+            "compute": r.ready - r.launched, "respond": sent_at - r.ready})
 

@@ -16,7 +16,7 @@ from texts import MEDIUM_TEXTS
 FAMILIES = {"rose_queue_requests": "gauge", "rose_queue_tokens": "gauge", "rose_step_tokens": "histogram",
             "rose_step_sequences": "histogram", "rose_step_seconds": "histogram",
             "rose_requests_total": "counter", "rose_refused_total": "counter",
-            "rose_cancelled_sequences_total": "counter"}
+            "rose_cancelled_sequences_total": "counter", "rose_hop_seconds_total": "counter"}
 
 
 def scrape(server) -> tuple[str, dict[str, float]]:

@@ -33,16 +33,24 @@ def test_process_tree_cpu_counts_children(tmp_path):
         child.wait()
 
 
-def test_hop_deltas_are_means_per_request():
-    before = {"ok": 10.0, "wait": 1.0, "compute": 2.0}
-    after = {"ok": 14.0, "wait": 1.002, "compute": 2.004}
-    assert hops.hops_delta(after, before) == pytest.approx({"wait": 500.0, "compute": 1000.0})
-    assert hops.hops_delta(before, before) == {}
-    stats0 = {"m": {"success": (5, 0), "queue": (5, 5000), "executions": (5, 0)}}
-    stats1 = {"m": {"success": (9, 0), "queue": (9, 13000), "executions": (7, 0)},
-              "idle": {"success": (0, 0), "queue": (0, 0), "executions": (0, 0)}}
-    delta = hops.triton_delta(stats1, stats0)
-    assert delta == {"m": {"requests": 4, "executions": 2, "queue_us": 2.0, "success_us": 0.0}}
+def test_hop_means_are_weighted_by_requests_over_windows():
+    windows = [({"ok": 14.0, "wait": 1.002}, {"ok": 10.0, "wait": 1.0}),    # 4 requests, 2 ms
+               ({"ok": 15.0, "wait": 1.003}, {"ok": 14.0, "wait": 1.002})]  # 1 request, 1 ms
+    total: dict = {}
+    for after, before in windows:
+        hops.add(total, hops.hops_delta(after, before))
+    assert hops.hops_means(total) == pytest.approx({"wait": 3e-3 / 5 * 1e6})
+    assert hops.hops_means({}) == {}
+    zero = {"success": (0, 0), "queue": (0, 0), "executions": (0, 0)}
+    stats = [{"m": {"success": (5, 0), "queue": (5, 5000), "executions": (5, 0)}, "idle": zero},
+             {"m": {"success": (9, 0), "queue": (9, 13000), "executions": (7, 0)}, "idle": zero},
+             {"m": {"success": (10, 0), "queue": (10, 23000), "executions": (8, 0)}, "idle": zero}]
+    total = {}
+    for before, after in zip(stats, stats[1:]):
+        hops.add(total, hops.triton_delta(after, before))
+    assert set(total) == {"m"}
+    assert hops.triton_means(total) == {"m": {"requests": 5, "executions": 3, "queue_us": 18.0 / 5,
+                                              "success_us": 0.0}}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine_lib.errors import OverloadError, RequestCancelled
+from engine_lib.metrics import HOPS
 from fake_engine import FakeEngine, Replies, expected_row, make_service, submit
 
 
@@ -192,3 +193,30 @@ def test_close_drains_then_refuses():
     with pytest.raises(OverloadError, match="shutting down"):
         submit(service, replies, "late", [[1]])
     assert service.metrics.total("rose_refused_total", reason="shutting_down") == 1
+
+
+def test_hops_of_an_answered_request_cover_its_time_inside_in_order():
+    engine = FakeEngine()
+    engine.gate.clear()
+    service = make_service(engine)
+    replies = Replies()
+    received = time.perf_counter()
+    submit(service, replies, "r", [[5, 6], [7]], received_at=received)
+    wait_until(lambda: len(engine.batches) == 1)
+    time.sleep(0.05)
+    engine.gate.set()
+    replies.wait_for(1)
+    service.close()  # joins the threads: every hop is recorded
+    answered = time.perf_counter()
+    hops = {h: service.metrics.total("rose_hop_seconds_total", hop=h) for h in HOPS}
+    assert all(v >= 0 for v in hops.values()), hops
+    assert hops["compute"] >= 0.05 and sum(hops.values()) <= answered - received
+
+
+def test_hops_are_not_recorded_for_failed_requests():
+    service = make_service(FakeEngine(fail_token=999))
+    replies = Replies()
+    submit(service, replies, "bad", [[999, 1]])
+    replies.wait_for(1)
+    service.close()
+    assert all(service.metrics.total("rose_hop_seconds_total", hop=h) == 0 for h in HOPS)

@@ -25,17 +25,33 @@ def triton_stats(http_url: str, admin_key: str) -> dict:
 
 
 def triton_delta(after: dict, before: dict) -> dict:
-    """Per model: mean microseconds per counted item of each stat, and counts, over the window."""
+    """{model: {stat: [count, ns]}} over a window, for the models that served anything in it."""
     out = {}
     for name, stats in after.items():
         old = before.get(name, {})
-        counts = {k: v[0] - old.get(k, (0, 0))[0] for k, v in stats.items()}
-        if not counts.get("success") and not counts.get("executions"):
-            continue
-        out[name] = {"requests": counts["success"], "executions": counts["executions"],
-                     **{f"{k}_us": (v[1] - old.get(k, (0, 0))[1]) / counts[k] / 1e3
-                        for k, v in stats.items() if k in STATS and counts[k] > 0}}
+        delta = {k: [v[0] - old.get(k, (0, 0))[0], v[1] - old.get(k, (0, 0))[1]] for k, v in stats.items()}
+        if delta["success"][0] or delta["executions"][0]:
+            out[name] = delta
     return out
+
+
+def triton_means(total: dict) -> dict:
+    """Summed window deltas -> per model: requests, executions, mean microseconds per item of each stat."""
+    return {name: {"requests": stats["success"][0], "executions": stats["executions"][0],
+                   **{f"{k}_us": v[1] / v[0] / 1e3 for k, v in stats.items() if k in STATS and v[0] > 0}}
+            for name, stats in total.items()}
+
+
+def add(total: dict, delta: dict) -> dict:
+    """Sum nested {key: number | [numbers] | dict} deltas into `total` (returned)."""
+    for k, v in delta.items():
+        if isinstance(v, dict):
+            add(total.setdefault(k, {}), v)
+        elif isinstance(v, list):
+            total[k] = [a + b for a, b in zip(total.get(k, [0] * len(v)), v)]
+        else:
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def encoder_hops(metrics_url: str) -> dict:
@@ -53,8 +69,11 @@ def encoder_hops(metrics_url: str) -> dict:
 
 
 def hops_delta(after: dict, before: dict) -> dict:
-    """Mean microseconds per answered request of each encoder hop over the window."""
-    requests = after.get("ok", 0.0) - before.get("ok", 0.0)
-    if not requests:
-        return {}
-    return {hop: (value - before.get(hop, 0.0)) / requests * 1e6 for hop, value in after.items() if hop != "ok"}
+    """Seconds per hop and answered requests over a window."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def hops_means(total: dict) -> dict:
+    """Summed window deltas -> mean microseconds per answered request of each encoder hop."""
+    requests = total.get("ok", 0.0)
+    return {hop: value / requests * 1e6 for hop, value in total.items() if hop != "ok"} if requests else {}

@@ -22,9 +22,10 @@ class InProcess:
 
     def service(self):
         if self._service is None:
+            from engine_lib.encoder import Encoder
             from engine_lib.serving import EncoderService
 
-            self._service = EncoderService(self.engine, 8192, 256)
+            self._service = Encoder(EncoderService(self.engine, 8192, 256))
         return self._service
 
     def step_ms(self, requests) -> list[float]:
@@ -50,7 +51,7 @@ class InProcess:
         return out
 
     def service_ms(self, requests) -> list[float]:
-        """Submit -> callback through EncoderService's threads (no Triton)."""
+        """Submit -> callback through the Encoder (validation, EncoderService's threads, post-processing)."""
         from engine_lib.options import RequestOptions
 
         service, done, out = self.service(), threading.Event(), []

@@ -91,28 +91,12 @@ def _check(call, requests, reference, want_model: bool) -> float | None:
 
 
 def _merge(windows: list[dict]) -> dict:
-    """Sum window records of one (path, server) over rounds."""
-    out = {"latencies_ms": [], "requests": 0, "server_cpu_s": {}, "client_cpu_s": 0.0, "stats": [], "hops": []}
+    """Sum the window records of one (path, server) over rounds."""
+    out = {"latencies_ms": [], "requests": 0, "server_cpu_s": {}, "client_cpu_s": 0.0, "stats": {}, "hops": {}}
     for w in windows:
         out["latencies_ms"] += w["latencies_ms"]
-        out["requests"] += w["requests"]
-        out["client_cpu_s"] += w["client_cpu_s"]
-        for k, v in w["server_cpu_s"].items():
-            out["server_cpu_s"][k] = out["server_cpu_s"].get(k, 0.0) + v
-        out["stats"].append(w["stats"])
-        out["hops"].append(w["hops"])
+        hops.add(out, {k: w[k] for k in ("requests", "server_cpu_s", "client_cpu_s", "stats", "hops")})
     return out
-
-
-def _mean_dicts(items: list[dict]) -> dict:
-    """Mean per key of nested {model: {key: value}} or flat {key: value} dicts (windows are equal-sized)."""
-    items = [i for i in items if i]
-    if not items:
-        return {}
-    keys = {k for i in items for k in i}
-    if all(isinstance(v, dict) for i in items for v in i.values()):
-        return {k: _mean_dicts([i.get(k, {}) for i in items]) for k in sorted(keys)}
-    return {k: float(np.mean([i[k] for i in items if k in i])) for k in sorted(keys)}
 
 
 def summarize(merged: dict) -> dict:
@@ -122,7 +106,7 @@ def summarize(merged: dict) -> dict:
             "server_cpu_ms_per_request": 1e3 * sum(cpu.values()) / n,
             "server_cpu_ms_by_process": {k: 1e3 * v / n for k, v in sorted(cpu.items()) if v > 0},
             "client_cpu_ms_per_request": 1e3 * merged["client_cpu_s"] / n,
-            "triton_stats": _mean_dicts(merged["stats"]), "encoder_hops_us": _mean_dicts(merged["hops"])}
+            "triton_stats": hops.triton_means(merged["stats"]), "encoder_hops_us": hops.hops_means(merged["hops"])}
 
 
 def sequential(settings: Settings, variants, requests, reference, inproc) -> tuple[dict, dict]:

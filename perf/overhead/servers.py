@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ class Variant:
     name: str              # "current", a git ref, or a label given with --variant
     root: Path
     env: dict = field(default_factory=dict)  # extra server environment (e.g. ROSE_NUM_THREADS)
-    server: object = None  # tests/triton_server.TritonServer
+    server: object = None  # rose_triton.server.TritonServer
     admin_key: str = field(default_factory=lambda: secrets.token_hex(16))
     triton_pid: int | None = None
 
@@ -38,14 +37,14 @@ def export_ref(ref: str, parent: Path) -> Path:
 def start(variants: list[Variant], model_dir: str, extra_repositories: list[Path], log_dir: Path,
           log) -> None:
     """Start every variant's server (the first also serves `extra_repositories`)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from triton_server import TritonServer
+    from rose_triton.server import TritonServer
 
     for i, variant in enumerate(variants):
         extra = [a for repo in (extra_repositories if i == 0 else []) for a in ("--model-repository", str(repo))]
         log(f"starting tritonserver for {variant.name} ({variant.root}; log {log_dir / (variant.name + '.log')})")
         variant.server = TritonServer(log_dir / f"{variant.name.replace('/', '_')}.log",
-                                      env={"ROSE_MODEL_DIR": model_dir, **variant.env}, extra_args=extra,
+                                      env={"ROSE_MODEL_DIR": model_dir, "ROSE_WATCHDOG": "0", **variant.env},
+                                      extra_args=extra,
                                       ready_timeout=600,
                                       admin_key=variant.admin_key, root=variant.root)
         variant.triton_pid = find_named(variant.server.process.pid, "tritonserver")

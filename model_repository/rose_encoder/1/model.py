@@ -1,4 +1,6 @@
 """Triton adapter (decoupled): requests -> engine_lib's Encoder (pool, FCFS batches, LazyTensors)."""
+import time
+
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.build import build_encoder
@@ -34,6 +36,7 @@ class TritonPythonModel:
         self.publisher = MetricsPublisher(service.metrics, service.queue_depth, sink)
 
     def execute(self, requests):
+        received_at = time.perf_counter()
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -42,7 +45,7 @@ class TritonPythonModel:
                 options = RequestOptions.from_parameters(request.parameters())
                 self.encoder.submit(input_ids, seq_lens, options,
                                     lambda rows, error, sender=sender: _respond(sender, rows, error),
-                                    is_cancelled=sender.is_cancelled)
+                                    is_cancelled=sender.is_cancelled, received_at=received_at)
             except (InputError, OverloadError) as exc:
                 _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response
