@@ -1,9 +1,9 @@
 """EncoderService: request pool -> FCFS batches -> engine.step -> responses.
 
-Two threads. The scheduler thread pops batches from the FcfsBatcher and
-launches them (`engine.step` returns a LazyTensor at once); at most
-`max_inflight_batches` are in flight, so batch N+1 is prepared and launched
-while batch N runs. The completion thread waits on LazyTensors in launch
+Two threads. The scheduler thread waits for a launch slot, then pops a batch
+from the FcfsBatcher and launches it (`engine.step` returns a LazyTensor at
+once); at most `max_inflight_batches` are in flight, so batch N+1 is prepared
+and launched while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
 exactly once, when all its sequences are done (or with an error).
 Admission control bounds the pool (requests pending, tokens queued): past a
@@ -131,6 +131,10 @@ class EncoderService:
 
     def _schedule_loop(self) -> None:
         while True:
+            # A launch slot first, then the batch: requests keep joining the
+            # queue while every slot is busy, so the next batch is as full as
+            # the device's pace allows instead of frozen at one sequence.
+            self._inflight.acquire()
             with self._lock:
                 while not len(self._batcher) and not self._closing:
                     self._lock.wait()
@@ -138,8 +142,6 @@ class EncoderService:
                     break  # closing and drained
                 scheduled = self._batcher.next_batch()
             picked_at = time.perf_counter()
-            self._inflight.acquire()
-            # Checked after the wait for a launch slot, right before launching.
             scheduled = self._drop_cancelled(scheduled)
             with self._lock:  # a failure on the completion thread may have answered some already
                 scheduled = [s for s in scheduled if s.request_key in self._requests]
@@ -160,6 +162,7 @@ class EncoderService:
                 self._fail(scheduled, exc)
                 continue
             self._launched.put((scheduled, lazy, launched_at))
+        self._inflight.release()
         self._launched.put(None)
 
     def _drop_cancelled(self, scheduled: list[ScheduledSequence]) -> list[ScheduledSequence]:

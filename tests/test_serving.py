@@ -220,3 +220,19 @@ def test_hops_are_not_recorded_for_failed_requests():
     replies.wait_for(1)
     service.close()
     assert all(service.metrics.total("rose_hop_seconds_total", hop=h) == 0 for h in HOPS)
+
+
+def test_requests_arriving_while_every_slot_is_busy_form_one_batch():
+    engine = FakeEngine()
+    engine.gate.clear()
+    service = make_service(engine, max_inflight_batches=1)
+    replies = Replies()
+    submit(service, replies, "first", [[1, 2]])
+    wait_until(lambda: len(engine.batches) == 1)   # launched; holds the only slot
+    for i in range(3):
+        submit(service, replies, i, [[10 + i]])
+        time.sleep(0.02)                           # the scheduler had every chance to freeze a batch early
+    engine.gate.set()
+    replies.wait_for(4)
+    assert engine.batches[1] == [[10], [11], [12]]
+    service.close()
