@@ -5,7 +5,9 @@ from the FcfsBatcher and launches it (`engine.step` returns a LazyTensor at
 once); at most `max_inflight_batches` are in flight, so batch N+1 is prepared
 and launched while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
-exactly once, when all its sequences are done (or with an error).
+exactly once, when all its sequences are done (or with an error). A result
+that is ready at launch (CPU) is answered by the scheduler thread itself when
+the completion thread has nothing pending: one thread hand-off less per batch.
 Admission control bounds the pool (requests pending, tokens queued): past a
 bound `submit` raises OverloadError at once. Requests arrive validated and
 leave as raw pooled rows (engine_lib/encoder.py does both ends). A cancelled request's sequences
@@ -72,6 +74,9 @@ class EncoderService:
         self._closing = False
         self._inflight = threading.Semaphore(max_inflight_batches)
         self._launched: queue.Queue = queue.Queue()
+        # Batches given to the completion thread and not yet answered (under _lock): while
+        # any are, results are answered there, so one thread at a time delivers rows.
+        self._handed_off = 0
         self._scheduler = threading.Thread(target=self._schedule_loop, name="rose-scheduler", daemon=True)
         self._completer = threading.Thread(target=self._complete_loop, name="rose-completion", daemon=True)
         self._scheduler.start()
@@ -161,7 +166,13 @@ class EncoderService:
                 self._inflight.release()
                 self._fail(scheduled, exc)
                 continue
-            self._launched.put((scheduled, lazy, launched_at))
+            with self._lock:
+                inline = self._handed_off == 0 and lazy.ready()
+                self._handed_off += not inline
+            if inline:  # already on the host (CPU): answer here, no hand-off to the completion thread
+                self._complete(scheduled, lazy, launched_at)
+            else:
+                self._launched.put((scheduled, lazy, launched_at))
         self._inflight.release()
         self._launched.put(None)
 
@@ -194,19 +205,23 @@ class EncoderService:
 
     def _complete_loop(self) -> None:
         while (item := self._launched.get()) is not None:
-            scheduled, lazy, launched_at = item
-            try:
-                rows = lazy.wait()
-            except Exception as exc:
-                log.exception("waiting on a batch failed")
-                self._fail(scheduled, exc)
-                continue
-            finally:
-                self._inflight.release()
-            ready_at = time.perf_counter()
-            self._record(scheduled, ready_at - launched_at)
-            for seq, row in zip(scheduled, rows):
-                self._deliver(seq, row, ready_at)
+            self._complete(*item)
+            with self._lock:
+                self._handed_off -= 1
+
+    def _complete(self, scheduled: list[ScheduledSequence], lazy, launched_at: float) -> None:
+        try:
+            rows = lazy.wait()
+        except Exception as exc:
+            log.exception("waiting on a batch failed")
+            self._fail(scheduled, exc)
+            return
+        finally:
+            self._inflight.release()
+        ready_at = time.perf_counter()
+        self._record(scheduled, ready_at - launched_at)
+        for seq, row in zip(scheduled, rows):
+            self._deliver(seq, row, ready_at)
 
     def _record(self, scheduled: list[ScheduledSequence], seconds: float) -> None:
         tokens = sum(s.num_tokens for s in scheduled)

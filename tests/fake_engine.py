@@ -13,6 +13,9 @@ class GatedResult:
     def __init__(self, rows, gate, error=None):
         self._rows, self._gate, self._error = rows, gate, error
 
+    def ready(self):
+        return self._gate.is_set() and self._error is None
+
     def wait(self):
         assert self._gate.wait(10), "test gate never opened"
         if self._error:

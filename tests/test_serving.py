@@ -236,3 +236,22 @@ def test_requests_arriving_while_every_slot_is_busy_form_one_batch():
     replies.wait_for(4)
     assert engine.batches[1] == [[10], [11], [12]]
     service.close()
+
+
+def test_ready_results_are_answered_without_a_hand_off_and_pending_ones_by_the_completion_thread():
+    engine = FakeEngine()
+    service = make_service(engine)
+    threads = {}
+
+    def on_done(name):
+        return lambda rows, error: threads.setdefault(name, threading.current_thread().name)
+
+    service.submit([np.array([1, 2])], on_done("ready"))
+    wait_until(lambda: "ready" in threads)
+    engine.gate.clear()
+    service.submit([np.array([3])], on_done("pending"))
+    wait_until(lambda: len(engine.batches) == 2)
+    engine.gate.set()
+    wait_until(lambda: "pending" in threads)
+    service.close()
+    assert threads == {"ready": "rose-scheduler", "pending": "rose-completion"}
