@@ -20,7 +20,7 @@ def build_tiny_model(folder: str | Path, default_dir: str | None = None, seed: i
     sys.path.insert(0, str(REPO / "tests"))
     from tiny_models import save_random_model
 
-    from engine_lib.config import resolve_model_dir
+    from engine_lib.model_folder import resolve_model_dir
 
     folder = Path(folder)
     if (folder / "model.safetensors").is_file() and (folder / ".complete").is_file():
