@@ -27,12 +27,19 @@ def host_tensor(array: np.ndarray, device):
 
 
 class LazyTensor(Protocol):
+    def ready(self) -> bool:
+        """True when `wait()` will not block (the service then answers without a thread hand-off)."""
+        ...
+
     def wait(self) -> np.ndarray: ...
 
 
 class ResolvedTensor:
     def __init__(self, value: np.ndarray):
         self._value = value
+
+    def ready(self) -> bool:
+        return True
 
     def wait(self) -> np.ndarray:
         return self._value
@@ -53,6 +60,9 @@ class CudaLazyTensor:
             device_tensor.record_stream(self._copy_stream)
             self._host.copy_(device_tensor, non_blocking=True)
             self._event.record(self._copy_stream)
+
+    def ready(self) -> bool:
+        return self._event.query()
 
     def wait(self) -> np.ndarray:
         self._event.synchronize()  # releases the GIL while blocking

@@ -18,7 +18,7 @@ from engine_lib.serving import EncoderService
 
 def test_resolved_tensor_returns_its_value_without_copying():
     value = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert ResolvedTensor(value).wait() is value
+    assert ResolvedTensor(value).ready() and ResolvedTensor(value).wait() is value
 
 
 def test_cpu_engine_step_returns_a_resolved_result():
@@ -96,7 +96,7 @@ def test_cuda_lazy_tensor_copies_after_the_forward_and_releases_the_gil():
     expected = device_tensor.cpu().numpy()
     torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work the copy must wait for
     lazy = CudaLazyTensor(device_tensor * 2, torch.cuda.Stream())
-    assert not lazy._event.query()  # the copy waits behind the GPU work
+    assert not lazy.ready()  # the copy waits behind the GPU work
     finished = {}
 
     def tick():
@@ -110,5 +110,5 @@ def test_cuda_lazy_tensor_copies_after_the_forward_and_releases_the_gil():
     finished["wait"] = time.monotonic()
     ticker.join()
     assert finished["ticker"] < finished["wait"]  # the ticker ran while wait() blocked
-    assert lazy._event.query() and lazy._device_tensor is None
+    assert lazy.ready() and lazy._device_tensor is None
     np.testing.assert_allclose(result, expected * 2, rtol=1e-6)
