@@ -90,6 +90,8 @@ def cmd_overhead(args) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     out_json = out_dir / "overhead.json"
     settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
+    if args.cells:  # for this profile: the client paths to measure
+        settings = settings.only(args.cells.split(","))
     if args.quiet_wait:
         runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
     results = run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc,
@@ -151,7 +153,7 @@ def main(argv=None) -> None:
     run.add_argument("--profile", choices=sorted([*PROFILES, "overhead"]), default="cpu",
                      help="overhead: the server's own cost per request (perf/overhead/, docs/benchmarks.md)")
     run.add_argument("--targets", help=f"comma list (default: the profile's); known: {','.join(lineup.LABELS)}")
-    run.add_argument("--cells", help="comma list of cell keys (default: all)")
+    run.add_argument("--cells", help="comma list of cell keys (default: all); overhead profile: client paths")
     run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")

@@ -39,7 +39,7 @@ class TritonServer:
             cmd += ["--", *extra_args]
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})}, start_new_session=True)
+                                        env={**os.environ, **(env or {})}, start_new_session=True, cwd=root)
         self._wait_ready(ready_timeout)
 
     def is_ready(self) -> bool:

@@ -39,6 +39,15 @@ class Settings:
     paths: tuple = OURS + ONLY_CURRENT
     metrics_lag_s: float = 0.6      # the encoder publishes its counters every 0.5 s
 
+    def only(self, paths: list[str]) -> "Settings":
+        from dataclasses import replace
+
+        unknown = sorted(set(paths) - set(clients.PATHS))
+        if unknown:
+            raise SystemExit(f"unknown path(s) {unknown}; known: {', '.join(clients.PATHS)}")
+        return replace(self, paths=tuple(p for p in self.paths if p in paths),
+                       load_paths=tuple(p for p in self.load_paths if p in paths))
+
     def scaled(self, factor: float) -> "Settings":
         from dataclasses import replace
 
@@ -189,7 +198,7 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
     from .inproc import InProcess
 
     work = Path(tempfile.mkdtemp(prefix="perf-overhead-"))
-    model_dir = model_dir or str(build_tiny_model(REPO / "perf" / ".peers" / "overhead-tiny"))
+    model_dir = os.path.abspath(model_dir) if model_dir else str(build_tiny_model(REPO / "perf" / ".peers" / "overhead-tiny"))
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     floor = write_floor_repository(work / "floor", int(config["hidden_size"]))
