@@ -28,14 +28,22 @@ class InProcess:
             self._service = Encoder(EncoderService(self.engine, 8192, 256))
         return self._service
 
-    def step_ms(self, requests) -> list[float]:
+    def step_ms(self, requests, threads: int | None = None) -> list[float]:
+        """Engine.step at torch's default intra-op threads, or at `threads` (then restored)."""
+        import torch
+
         from engine_lib.batch import PackedBatch
 
         out = []
-        for request in requests:
-            start = time.perf_counter()
-            self.engine.step(PackedBatch.from_sequences([request.input_ids])).wait()
-            out.append((time.perf_counter() - start) * 1e3)
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            for request in requests:
+                start = time.perf_counter()
+                self.engine.step(PackedBatch.from_sequences([request.input_ids])).wait()
+                out.append((time.perf_counter() - start) * 1e3)
+        finally:
+            torch.set_num_threads(self.threads)
         return out
 
     def tokenizer_ms(self, requests) -> list[float]:

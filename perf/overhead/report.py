@@ -34,8 +34,11 @@ def path_table(results: dict) -> list[str]:
                          f"{_f(r['overhead_p50_ms'])} / {_f(r['overhead_p99_ms'])} | "
                          f"{_f(r['server_cpu_ms_per_request'])} | {_f(r['client_cpu_ms_per_request'])} |{ratios}")
     step, tok, svc = (inproc[k] for k in ("engine_step", "tokenizer", "service"))
+    one = inproc.get("engine_step_1_thread")
     lines += ["", f"In-process, same model, this process ({inproc['torch_threads']} torch threads), p50 / p99 ms: "
-              f"`Engine.step` {_f(step['p50_ms'], 3)} / {_f(step['p99_ms'], 3)}; tokenizer (decode + encode) "
+              f"`Engine.step` {_f(step['p50_ms'], 3)} / {_f(step['p99_ms'], 3)}"
+              + (f" (on 1 thread {_f(one['p50_ms'], 3)} / {_f(one['p99_ms'], 3)})" if one else "")
+              + "; tokenizer (decode + encode) "
               f"{_f(tok['p50_ms'], 3)} / {_f(tok['p99_ms'], 3)}; `EncoderService` submit -> callback (its threads, "
               f"no Triton) {_f(svc['p50_ms'], 3)} / {_f(svc['p99_ms'], 3)}.", ""]
     return lines

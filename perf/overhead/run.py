@@ -129,7 +129,7 @@ def sequential(settings: Settings, variants, requests, reference, inproc) -> tup
             calls[(path, variant.name)] = call = spec.connect()
             checks[(path, variant.name)] = _check(call, requests, reference, clients.PATHS[path][2])
     windows: dict = {key: [] for key in calls}
-    local = {"engine_step": [], "tokenizer": [], "service": []}
+    local = {"engine_step": [], "engine_step_1_thread": [], "tokenizer": [], "service": []}
     busy = []
     for r in range(settings.rounds):
         busy.append(machine.cpu_busy(0.5))
@@ -146,6 +146,7 @@ def sequential(settings: Settings, variants, requests, reference, inproc) -> tup
                      "stats": w.stats, "hops": w.encoder_hops(settings.metrics_lag_s)})
         cycle = [requests[i % len(requests)] for i in range(settings.per_round)]
         local["engine_step"] += inproc.step_ms(cycle)
+        local["engine_step_1_thread"] += inproc.step_ms(cycle, threads=1)
         local["tokenizer"] += inproc.tokenizer_ms(cycle)
         local["service"] += inproc.service_ms(cycle)
     paths: dict = {}
@@ -198,7 +199,8 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
     from .inproc import InProcess
 
     work = Path(tempfile.mkdtemp(prefix="perf-overhead-"))
-    model_dir = os.path.abspath(model_dir) if model_dir else str(build_tiny_model(REPO / "perf" / ".peers" / "overhead-tiny"))
+    tiny = REPO / "perf" / ".peers" / "overhead-tiny"
+    model_dir = os.path.abspath(model_dir) if model_dir else str(build_tiny_model(tiny))
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     floor = write_floor_repository(work / "floor", int(config["hidden_size"]))
