@@ -124,6 +124,11 @@ def readme_section(result_files: list[Path], repo: Path) -> str:
     lines = []
     for path in result_files:
         results = json.loads(path.read_text())
+        if results["profile"] == "overhead":
+            from .overhead.report import readme_lines
+
+            lines += readme_lines(results, path.relative_to(repo).with_suffix(".md"))
+            continue
         m = results["machine"]
         names = _targets(results)
         peers = [n for n in names if n != OURS]

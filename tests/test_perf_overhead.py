@@ -10,7 +10,7 @@ import pytest
 
 from perf import machine
 from perf.overhead import hops, procstat
-from perf.overhead.report import markdown
+from perf.overhead.report import markdown, readme_lines
 from perf.overhead.run import Settings, run
 
 
@@ -98,3 +98,5 @@ def test_short_form_report_names_every_path(short_run):
     for path in results["paths"]:
         assert f"`{path}`" in text
     assert "overhead p50" in text and "Where the time goes" in text
+    readme = "\n".join(readme_lines(results, "r.md"))
+    assert all(f"`{path}`" in readme for path in results["paths"])

@@ -12,6 +12,10 @@ def _f(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _cpu(result) -> float | None:
+    return result["server_cpu_ms_per_request"] if result else None
+
+
 def _ratio(new, old) -> str:
     return f"{old / new:.2f}x" if new and old else "-"
 
@@ -28,7 +32,7 @@ def path_table(results: dict) -> list[str]:
             if r is None:
                 continue
             ratios = "".join(f" {_ratio(r['overhead_p50_ms'], by_variant.get(c, {}).get('overhead_p50_ms'))}, "
-                             f"{_ratio(r['server_cpu_ms_per_request'], by_variant.get(c, {}).get('server_cpu_ms_per_request'))} |"
+                             f"{_ratio(r['server_cpu_ms_per_request'], _cpu(by_variant.get(c)))} |"
                              if name == "current" else " |" for c in compare)
             lines.append(f"| `{path}` | {name} | {_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['model_ms'])} | "
                          f"{_f(r['overhead_p50_ms'])} / {_f(r['overhead_p99_ms'])} | "
@@ -104,3 +108,36 @@ def markdown(results: dict) -> str:
         lines += ["## Concurrent clients (closed loop, single texts)", ""] + load_table(results)
     lines += ["## Where the time goes (per hop)", ""] + hop_table(results)
     return "\n".join(lines) + "\n"
+
+
+def readme_lines(results: dict, rel) -> list[str]:
+    """README rows: overhead and server CPU per path, the first compared server ("before") vs current."""
+    m = results["machine"]
+    before = next((v for v in results["variants"] if v != "current"), None)
+    lines = [f"`overhead` profile, {m['date']}, {m['cpu']} ({m['cores']} cores), near-free model, batch 1, "
+             f"128 tokens, same run: [{rel}]({rel})", ""]
+    if before is None:
+        lines += ["| path | overhead p50 ms | server CPU ms/req |", "|---|---|---|"]
+        lines += [f"| `{p}` | {_f(r['current']['overhead_p50_ms'])} | "
+                  f"{_f(r['current']['server_cpu_ms_per_request'])} |" for p, r in results["paths"].items()]
+        return lines + [""]
+    lines += [f"| path | overhead p50 ms, `{before}` -> now | ratio | server CPU ms/req, `{before}` -> now | ratio |",
+              "|---|---|---|---|---|"]
+    for path, by_variant in results["paths"].items():
+        new, old = by_variant["current"], by_variant.get(before)
+        if old is None:
+            lines.append(f"| `{path}` | {_f(new['overhead_p50_ms'])} | - | {_f(_cpu(new))} | - |")
+            continue
+        lines.append(f"| `{path}` | {_f(old['overhead_p50_ms'])} -> {_f(new['overhead_p50_ms'])} | "
+                     f"{_ratio(new['overhead_p50_ms'], old['overhead_p50_ms'])} | "
+                     f"{_f(old['server_cpu_ms_per_request'])} -> {_f(new['server_cpu_ms_per_request'])} | "
+                     f"{_ratio(new['server_cpu_ms_per_request'], old['server_cpu_ms_per_request'])} |")
+    for cell in results.get("load", []):
+        new, old = cell["results"].get("current"), cell["results"].get(before)
+        if new and old:
+            lines.append(f"| `{cell['path']}` x{cell['concurrency']} clients: requests/s | "
+                         f"{old['requests_per_s']:.0f} -> {new['requests_per_s']:.0f} | "
+                         f"{new['requests_per_s'] / old['requests_per_s']:.2f}x | "
+                         f"{_f(old['server_cpu_ms_per_request'])} -> {_f(new['server_cpu_ms_per_request'])} | "
+                         f"{_ratio(new['server_cpu_ms_per_request'], old['server_cpu_ms_per_request'])} |")
+    return lines + ["", "Ratios > 1: now is better (less overhead, less CPU, more requests/s).", ""]
