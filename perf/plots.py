@@ -66,8 +66,8 @@ def main(json_path: str) -> None:
     if results["profile"] == "overhead":
         from perf.overhead.plot import plot
 
-        plot(results, path.with_name("overhead.png"))
-        print(f"[perf] plot {path.with_name('overhead.png')}", file=sys.stderr)
+        plot(results, path.with_suffix(".png"))
+        print(f"[perf] plot {path.with_suffix('.png')}", file=sys.stderr)
         return
     scenarios: dict[str, list[dict]] = {}
     for cell in results["cells"]:
