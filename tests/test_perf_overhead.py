@@ -56,8 +56,8 @@ def test_hop_means_are_weighted_by_requests_over_windows():
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     """The profile's short form: every path, a few requests each, one small load cell pair."""
-    settings = Settings(rounds=1, per_round=6, load_seconds=1.0, concurrencies=(1, 2), load_paths=("tokens",),
-                        metrics_lag_s=0.6)
+    settings = Settings(rounds=1, per_round=6, load_seconds=1.0, load_rounds=1, concurrencies=(1, 2),
+                        load_paths=("tokens",), metrics_lag_s=0.6)
     out = tmp_path_factory.mktemp("overhead") / "overhead.json"
     desc = machine.describe()
     return run(None, [], settings, out, desc), out

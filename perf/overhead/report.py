@@ -69,7 +69,10 @@ def load_table(results: dict) -> list[str]:
             lines.append(f"| `{cell['path']}` | {cell['concurrency']} | {name} | {r['requests_per_s']:.0f} | "
                          f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['server_cpu_ms_per_request'])} | {vs} | "
                          f"{mine} | {r['machine_busy_before']:.0%} |")
-    return lines + ["", "`vs padded` > 1 means ours is better: more requests/s, less server CPU per request.", ""]
+    rounds = results["settings"].get("load_rounds", 1)
+    return lines + ["", "`vs padded` > 1 means ours is better: more requests/s, less server CPU per request. Each "
+                    f"cell: {rounds} window(s) of {results['settings']['load_seconds']:.0f} s per server in "
+                    "alternating order, summed; p50/p99 are means over windows.", ""]
 
 
 def hop_table(results: dict) -> list[str]:

@@ -33,7 +33,8 @@ class Settings:
     seq_len: int = 128
     rounds: int = 4
     per_round: int = 50             # sequential requests per path, server and round
-    load_seconds: float = 8.0
+    load_seconds: float = 6.0
+    load_rounds: int = 2            # windows per server and load cell, alternating order
     concurrencies: tuple = (1, 8)
     load_paths: tuple = ("ensemble", "tokens", "padded")
     paths: tuple = OURS + ONLY_CURRENT
@@ -53,7 +54,8 @@ class Settings:
 
         return replace(self, per_round=max(5, int(self.per_round * factor)),
                        rounds=max(1, round(self.rounds * min(1.0, factor * 2))),
-                       load_seconds=max(1.5, self.load_seconds * factor))
+                       load_seconds=max(1.5, self.load_seconds * factor),
+                       load_rounds=max(1, round(self.load_rounds * min(1.0, factor * 2))))
 
 
 class Window:
@@ -158,24 +160,36 @@ def sequential(settings: Settings, variants, requests, reference, inproc) -> tup
 
 
 def load(settings: Settings, variants, requests) -> list[dict]:
+    """Closed-loop cells; `load_rounds` windows per server, alternating order, summed (p50/p99: round means)."""
     cells = []
     for path in settings.load_paths:
         for concurrency in settings.concurrencies:
             cell = {"path": path, "concurrency": concurrency, "results": {}}
-            for variant in variants:
-                if variant.name != "current" and path in ONLY_CURRENT:
-                    continue
-                spec = clients.spec(path, variant.server.grpc_url, variant.server.http_url)
-                busy = machine.cpu_busy(0.5)
-                with Window(variant, with_stats=False) as w:
-                    stats = process_loop(spec, requests, concurrency, settings.load_seconds,
-                                         f"load {path} x{concurrency} {variant.name}")
-                served = stats["requests_per_s"] * stats["seconds"] + concurrency  # + each client's warm-up
-                cell["results"][variant.name] = {
-                    **{k: v for k, v in stats.items() if k != "latencies_ms"},
-                    "server_cpu_ms_per_request": 1e3 * sum(w.cpu.values()) / served,
-                    "server_cpu_ms_by_process": {k: 1e3 * v / served for k, v in sorted(w.cpu.items()) if v > 0},
-                    "machine_busy_before": round(busy, 3)}
+            mine = [v for v in variants if v.name == "current" or path not in ONLY_CURRENT]
+            windows: dict = {v.name: [] for v in mine}
+            for r in range(settings.load_rounds):
+                for variant in (mine if r % 2 == 0 else mine[::-1]):
+                    spec = clients.spec(path, variant.server.grpc_url, variant.server.http_url)
+                    busy = machine.cpu_busy(0.5)
+                    with Window(variant, with_stats=False) as w:
+                        label = f"load {path} x{concurrency} {variant.name} ({r + 1}/{settings.load_rounds})"
+                        stats = process_loop(spec, requests, concurrency, settings.load_seconds, label)
+                    windows[variant.name].append((stats, w.cpu, busy))
+            for name, items in windows.items():
+                seconds = sum(s["seconds"] for s, _, _ in items)
+                requests_done = sum(s["requests_per_s"] * s["seconds"] for s, _, _ in items)
+                served = requests_done + concurrency * len(items)  # + each client's warm-up request
+                cpu: dict = {}
+                for _, window_cpu, _ in items:
+                    hops.add(cpu, window_cpu)
+                cell["results"][name] = {
+                    "requests_per_s": requests_done / seconds, "seconds": seconds, "requests": requests_done,
+                    "p50_ms": float(np.mean([s["p50_ms"] for s, _, _ in items])),
+                    "p99_ms": float(np.mean([s["p99_ms"] for s, _, _ in items])),
+                    "server_cpu_ms_per_request": 1e3 * sum(cpu.values()) / served,
+                    "server_cpu_ms_by_process": {k: 1e3 * v / served for k, v in sorted(cpu.items()) if v > 0},
+                    "machine_busy_before": round(float(np.mean([b for _, _, b in items])), 3),
+                    "rounds": len(items)}
             cells.append(cell)
     return cells
 
