@@ -15,7 +15,8 @@ def build_encoder(config: EncoderConfig) -> Encoder:
         torch.set_num_threads(config.num_threads)
     engine = Engine(config.model_dir, device=config.device, dtype=config.dtype,
                     attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
-                    max_graph_tokens=config.max_graph_tokens, max_graph_seqs=config.max_graph_seqs)
+                    max_graph_tokens=config.max_graph_tokens, max_graph_seqs=config.max_graph_seqs,
+                    task=config.task)
     return Encoder(EncoderService(engine, config.max_batch_tokens, config.max_batch_sequences,
                                   config.max_inflight_batches, config.max_queued_tokens,
                                   config.max_queued_requests))

@@ -58,8 +58,12 @@ class TokenizerConfig:
     max_texts_per_request: int = 4096
     max_text_bytes: int = 1 << 20
     max_request_bytes: int = 4 << 20
+    max_length: int = 0   # tokens per sequence (pair) at most; 0 = from the model folder
+    instruction: str = ""  # rerankers that take one: the default instruction ("" = the family's)
 
     def __post_init__(self):
+        if self.max_length < 0:
+            raise ValueError("max_length must be >= 0 (0 = from the model folder)")
         if self.max_texts_per_request < 1:
             raise ValueError("max_texts_per_request must be >= 1")
         if self.max_text_bytes < 1 or self.max_request_bytes < 1:
@@ -85,8 +89,11 @@ class EncoderConfig:
     max_graph_tokens: int = 4096
     max_graph_seqs: int = 64
     num_threads: int = 0
+    task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
 
     def __post_init__(self):
+        if self.task not in ("embed", "score"):
+            raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
                      "max_queued_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:

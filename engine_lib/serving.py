@@ -37,6 +37,7 @@ DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
 @dataclass
 class _PooledRequest:
     sequences: list[np.ndarray]
+    token_types: Optional[list[np.ndarray]]  # segment ids per sequence (BERT pairs), or None (all 0)
     on_done: DoneCallback
     rows: np.ndarray
     remaining: int
@@ -51,7 +52,7 @@ class EncoderService:
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05):
         self.engine = engine
-        self.output_dim = engine.hidden_size
+        self.output_dim = engine.output_dim
         self.max_queued_tokens = max_queued_tokens
         self.max_queued_requests = max_queued_requests
         # A check is one IPC round trip in Triton's Python backend (~50 us here):
@@ -72,10 +73,12 @@ class EncoderService:
         self._completer.start()
 
     def submit(self, sequences: list[np.ndarray], on_done: DoneCallback,
-               is_cancelled: Optional[Callable[[], bool]] = None) -> int:
+               is_cancelled: Optional[Callable[[], bool]] = None,
+               token_types: Optional[list[np.ndarray]] = None) -> int:
         """Queue one request's sequences (already validated, see encoder.py); raises
         OverloadError before queuing anything. `on_done(rows, error)` gets the raw
-        pooled rows [len(sequences), hidden] in order.
+        rows [len(sequences), engine.output_dim] in order. `token_types`: segment
+        ids per sequence (same lengths), or None.
 
         `is_cancelled` is polled when the request's sequences are about to launch
         (see cancel_check_interval); once it says True, the still-queued
@@ -90,7 +93,7 @@ class EncoderService:
                 raise OverloadError(message)
             key = next(self._ids)
             rows = np.empty((len(sequences), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(sequences, on_done, rows, len(sequences),
+            self._requests[key] = _PooledRequest(sequences, token_types, on_done, rows, len(sequences),
                                                  is_cancelled, time.monotonic())
             self._batcher.add(key, (len(s) for s in sequences))
             self._lock.notify()
@@ -136,13 +139,15 @@ class EncoderService:
             scheduled = self._drop_cancelled(scheduled)
             with self._lock:  # a failure on the completion thread may have answered some already
                 scheduled = [s for s in scheduled if s.request_key in self._requests]
-                sequences = [self._requests[s.request_key].sequences[s.index] for s in scheduled]
+                requests = [self._requests[s.request_key] for s in scheduled]
+                sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
+                types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
             if not scheduled:
                 self._inflight.release()
                 continue
             launched_at = time.perf_counter()
             try:
-                lazy = self.engine.step(PackedBatch.from_sequences(sequences))
+                lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
             except Exception as exc:  # a failed step fails its requests, not the service
                 log.exception("engine step failed")
                 self._inflight.release()
