@@ -96,9 +96,10 @@ def test_autoscaler_reads_the_metric_the_adapter_serves():
 
 def test_configmap_settings_reach_the_engine_configuration():
     settings = load("configmap.yaml")["data"]
-    fields = {f"ROSE_{name.upper()}" for cls in (EncoderConfig, TokenizerConfig)
-              for name in cls.__dataclass_fields__}
+    fields = {f"{prefix}{name.upper()}" for cls in (EncoderConfig, TokenizerConfig)
+              for name in cls.__dataclass_fields__ for prefix in ("ROSE_", "ROSE_RERANK_")}
     assert set(settings) <= fields
+    assert env_overrides(EncoderConfig, settings, prefix="ROSE_RERANK_") == {}  # no reranker by default
     encoder = EncoderConfig.from_parameters({}, **env_overrides(EncoderConfig, settings))
     assert encoder.max_batch_tokens == int(settings["ROSE_MAX_BATCH_TOKENS"])
     assert encoder.model_dir == settings["ROSE_MODEL_DIR"]
