@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -20,7 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from embed_clients import embed_stream
-from rose_triton.server import TritonServer
+from rose_triton.server import REPO, TritonServer
 from tiny_rerankers import reference_scores, save_reranker
 
 QUERY = "what is the capital of france"
@@ -205,3 +206,14 @@ def test_concurrent_embed_and_rerank_nothing_crosses(served):
     for i, expected in enumerate(alone_rows):
         np.testing.assert_allclose(results[("embed", i)], expected, atol=1e-5)
     assert server.is_ready()
+
+
+def test_readme_reranking_example_runs(served, capsys):
+    """The README's Reranking block, verbatim (ports substituted)."""
+    _, _, server = served
+    section = (REPO / "README.md").read_text().split("## Reranking", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    code = code.replace("localhost:8000", server.http_url).replace("localhost:8001", server.grpc_url)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and all(re.match(r"[01]\.\d{3}  \S", line) for line in printed), printed
