@@ -159,3 +159,21 @@ def test_head_keeps_only_two_lm_rows(tmp_path):
     reference = save_reranker("qwen3", tmp_path)
     engine = Engine(str(tmp_path), device="cpu", task="score")
     assert tuple(engine.head.weight.shape) == (2, reference.config.hidden_size)
+
+
+@pytest.mark.parametrize("kind", ["bert", "qwen3"])
+def test_graph_replays_carry_token_types_and_scores(tmp_path, kind):
+    """Captured graphs (CPU stand-in capture) score like eager steps, segment ids included."""
+    from test_cuda_graphs import FakeCapture
+
+    save_reranker(kind, tmp_path)
+    eager = Engine(str(tmp_path), device="cpu", attention_backend="masked", cuda_graphs="off", task="score")
+    graphed = Engine(str(tmp_path), device="cpu", attention_backend="masked", cuda_graphs="on", task="score",
+                     max_graph_tokens=512, max_graph_seqs=8, graph_capture=FakeCapture())
+    batches = []
+    for docs in (DOCS, DOCS[1:], DOCS[::-1]):
+        seqs, types = _ours(str(tmp_path), docs=docs)
+        batches.append(PackedBatch.from_sequences(seqs, types))
+    for batch in batches * 3:  # eager, capture, replay per bucket
+        np.testing.assert_allclose(graphed.step(batch).wait(), eager.step(batch).wait(), rtol=1e-4, atol=1e-5)
+    assert graphed.stats.replays > 0
