@@ -43,7 +43,9 @@ def test_latency_stats_and_combine():
 def test_profiles_cover_the_seeds_four_scenarios():
     for name in ("seed", "cpu"):
         scenarios = {c.scenario for c in PROFILES[name].cells}
-        assert len(scenarios) == 4, name
+        assert len(scenarios) == 5, name  # the four, and scoring (2) again on a reranker (2r)
+        rerank = [c for c in PROFILES[name].cells if c.task == "score"]
+        assert [c.batch for c in rerank] == [5, 25, 50] and all(c.input == "tokens" for c in rerank), name
     seed = {c.key: c for c in PROFILES["seed"].cells}
     assert seed["s1-len4096"].seq_len == 4096 and seed["s3-len512"].batch == 100
     assert [c.concurrency for c in PROFILES["seed"].cells if c.scenario.startswith("4")] == [1, 2, 4, 8, 16]
