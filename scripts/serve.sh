@@ -78,6 +78,7 @@ if [[ ${#SETS[@]} -gt 0 ]]; then
   ASSEMBLED="$(mktemp -d "${TMPDIR:-/tmp}/rose-repository.XXXXXX")"
   python3 "$ROOT/scripts/assemble_repository.py" "$ASSEMBLED" "$MODEL_REPOSITORY" "${SETS[@]}" >/dev/null
   MODEL_REPOSITORY="$ASSEMBLED"
+  trap 'rm -rf "$ASSEMBLED"' EXIT  # symlinks only; the exec paths below leave it behind (a few links)
 fi
 
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2
