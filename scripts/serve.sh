@@ -111,7 +111,7 @@ while true; do
   "$TRITONSERVER" "${ARGS[@]}" &
   TRITON_PID=$!
   python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
-    --interval "${ROSE_WATCHDOG_INTERVAL:-5}" &
+    --interval "${ROSE_WATCHDOG_INTERVAL:-5}" ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
   WATCHDOG_PID=$!
   status=0
   while kill -0 "$TRITON_PID" 2>/dev/null; do status=0; wait "$TRITON_PID" || status=$?; done

@@ -8,9 +8,12 @@ folder; bad inputs; concurrent mixed embed + rerank requests.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
+import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -217,3 +220,22 @@ def test_readme_reranking_example_runs(served, capsys):
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 3 and all(re.match(r"[01]\.\d{3}  \S", line) for line in printed), printed
+
+
+def test_killed_rerank_stub_is_noticed_and_the_server_recovers(served):
+    """The watchdog probes `rerank` too when a reranker is served (last test of each server: it restarts it)."""
+    from reliability_helpers import children
+
+    kind, _, server = served
+    if kind != "bert":
+        pytest.skip("one restart per module is enough: run on the cross-encoder's server")
+    (triton_pid, _), = [c for c in children(server.process.pid) if "bin/tritonserver" in c[1]]
+    (stub_pid, _), = [c for c in children(triton_pid) if "rerank_encoder/1/model.py" in c[1]]
+    os.kill(stub_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    while not (server.is_ready() and triton_pid not in [c[0] for c in children(server.process.pid)]):
+        assert time.monotonic() < deadline, f"server did not come back:\n{server.log_tail()}"
+        time.sleep(1)
+    assert rerank_stream(server, [QUERY], DOCS).shape == (len(DOCS),)
+    log = server.log_tail(200_000)
+    assert "Stub process 'rerank_encoder_0_0' is not healthy" in log and "[serve] a model stub died" in log
