@@ -27,7 +27,8 @@ def model_info(model_dir: str | None) -> dict:
                                               "num_attention_heads") if k in config}}
 
 
-def start_targets(names: list[str], args, model: dict, stack) -> dict:
+def start_targets(names: list[str], args, model: dict, stack) -> tuple[dict, str | None]:
+    """(targets by name, the gRPC URL of ours, if served)."""
     targets = {}
     grpc_url = args.grpc_url
     if not grpc_url and {"rose", "triton-padded"} & set(names):
@@ -67,8 +68,7 @@ def start_targets(names: list[str], args, model: dict, stack) -> dict:
             continue
         if hasattr(targets[name], "close"):
             stack.append(targets[name].close)
-    targets["_grpc_url"] = grpc_url
-    return targets
+    return targets, grpc_url
 
 
 def start_scoring(args, names: list[str], grpc_url: str | None, stack) -> dict | None:
@@ -123,8 +123,8 @@ def cmd_run(args) -> None:
         runner.log(f"GEMM: {gemm['flops_per_s'] / 1e9:.1f} GFLOP/s ({gemm['dtype']}, n={gemm['n']})")
     stack: list = []
     try:
-        targets = start_targets(names, args, model, stack)
-        scoring = start_scoring(args, names, targets.pop("_grpc_url"), stack)
+        targets, grpc_url = start_targets(names, args, model, stack)
+        scoring = start_scoring(args, names, grpc_url, stack)
         results = runner.run_profile(profile, cells, targets, model, desc, out_json,
                                      {"gemm": gemm, "scale": args.scale}, (args.quiet_busy, args.quiet_wait),
                                      scoring)
