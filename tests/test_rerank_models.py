@@ -177,3 +177,18 @@ def test_graph_replays_carry_token_types_and_scores(tmp_path, kind):
     for batch in batches * 3:  # eager, capture, replay per bucket
         np.testing.assert_allclose(graphed.step(batch).wait(), eager.step(batch).wait(), rtol=1e-4, atol=1e-5)
     assert graphed.stats.replays > 0
+
+
+def test_qwen3_tied_embeddings_give_the_yes_no_rows(tmp_path):
+    """With tie_word_embeddings the checkpoint has no lm_head: the rows come from the input embeddings."""
+    from safetensors import safe_open
+
+    from tiny_rerankers import reference_scores, save_qwen3_reranker
+
+    save_qwen3_reranker(tmp_path, tie_word_embeddings=True)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        assert "lm_head.weight" not in f.keys()
+    seqs, _ = _ours(str(tmp_path))
+    engine = Engine(str(tmp_path), device="cpu", task="score")
+    logits = engine.step(PackedBatch.from_sequences(seqs)).wait()[:, 0]
+    np.testing.assert_allclose(logits, reference_scores("qwen3", tmp_path, QUERY, DOCS)[1], rtol=1e-3, atol=1e-6)

@@ -117,8 +117,12 @@ def num_labels(cfg: dict) -> int:
 
 def classifier_activation(cfg: dict) -> str:
     """sentence-transformers' CrossEncoder default (sigmoid for one logit) unless config.json names another."""
-    name = (cfg.get("sentence_transformers") or {}).get("activation_fn") or ""
-    return "identity" if name.endswith("Identity") else "sigmoid"
+    name = (cfg.get("sentence_transformers") or {}).get("activation_fn") or "Sigmoid"
+    for suffix, activation in (("Identity", "identity"), ("Sigmoid", "sigmoid")):
+        if name.endswith(suffix):
+            return activation
+    raise ValueError(f"config.json: sentence_transformers.activation_fn {name!r} is not supported "
+                     f"(Sigmoid or Identity)")
 
 
 def _yes_no_ids(folder: ModelFolder) -> tuple[int, int]:
