@@ -70,6 +70,8 @@ class PairTokenizer:
     def encode(self, query: str, documents: Sequence[str], options: RerankOptions
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """-> (flat input_ids int64, seq_lens int64 [N], flat token types int64, empty without segments)."""
+        if options.instruction and self.style != "yes-no":
+            raise InputError("parameter 'instruction': this reranker (a cross-encoder) takes no instruction")
         if options.truncate:
             documents = [cut_long_text(self._tok, d, self.max_length) for d in documents]
         if self.style == "yes-no":

@@ -57,6 +57,15 @@ def test_truncation_keeps_the_query_and_refusal_names_the_document(folders, kind
         tok.encode("what " * 80, docs, RerankOptions())
 
 
+def test_instruction_only_for_models_that_take_one(folders):
+    options = RerankOptions(instruction="Judge relevance")
+    for kind in ("bert", "xlm-roberta"):
+        with pytest.raises(InputError, match="takes no instruction"):
+            PairTokenizer(folders[kind], TokenizerConfig()).encode(QUERY, ["paris"], options)
+    judge = PairTokenizer(folders["qwen3"], TokenizerConfig())
+    assert judge.encode(QUERY, ["paris"], options)[0].tolist() != judge.encode(QUERY, ["paris"], RerankOptions())[0].tolist()
+
+
 def test_segment_ids_only_where_the_family_has_them(folders):
     for kind, segments in (("bert", True), ("xlm-roberta", False), ("qwen3", False)):
         ids, lens, types = PairTokenizer(folders[kind], TokenizerConfig()).encode(QUERY, ["paris"], RerankOptions())

@@ -112,8 +112,10 @@ def test_long_document_is_cut_and_query_kept(served):
 def test_instruction_reaches_the_template(served):
     kind, folder, server = served
     if kind != "qwen3":
-        with pytest.raises(InferenceServerException, match="instruction"):
+        with pytest.raises(InferenceServerException, match="must be a string"):
             rerank_stream(server, [QUERY], DOCS, {"instruction": 3})
+        with pytest.raises(InferenceServerException, match="takes no instruction"):
+            score_unary(server, [QUERY], DOCS, {"instruction": "Judge relevance"})
         return
     instruction = "Judge whether the document answers the query"
     probs, _ = reference_scores(kind, folder, QUERY, DOCS, instruction=instruction)
