@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from .config import TokenizerConfig
+from .config import PairTokenizerConfig
 from .errors import InputError
 from .long_text import cut_long_text
 from .model_folder import ModelFolder
@@ -36,7 +36,7 @@ def judge_text(instruction: str, query: str, document: str) -> str:
 
 
 class PairTokenizer:
-    def __init__(self, model: ModelFolder | str, config: TokenizerConfig):
+    def __init__(self, model: ModelFolder | str, config: PairTokenizerConfig):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         cfg = folder.config
         self.style = SCORING_ARCHITECTURES[scoring_architecture(cfg, folder.file("config.json"))]

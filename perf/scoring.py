@@ -57,10 +57,10 @@ class PairRequests:
     """Requests of one query and `batch` documents; pairs tokenized by our pair tokenizer."""
 
     def __init__(self, model_dir: str):
-        from engine_lib.config import TokenizerConfig
+        from engine_lib.config import PairTokenizerConfig
         from engine_lib.pair_tokenization import PairTokenizer
 
-        self.pairs = PairTokenizer(model_dir, TokenizerConfig())
+        self.pairs = PairTokenizer(model_dir, PairTokenizerConfig())
         self.maker = TextMaker(str(Path(model_dir) / "tokenizer.json"), self.pairs.max_length)
 
     def requests(self, num_requests: int, batch: int, pair_len: int, seed: int = 0) -> list[Request]:

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from engine_lib.config import TokenizerConfig
+from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.options import RerankOptions
 from engine_lib.pair_tokenization import PairTokenizer
@@ -26,7 +26,7 @@ def folders(tmp_path_factory):
 
 
 def test_decode_names_the_bad_item(folders):
-    tok = PairTokenizer(folders["bert"], TokenizerConfig())
+    tok = PairTokenizer(folders["bert"], PairTokenizerConfig())
     as_bytes = lambda items: np.array(items, dtype=object)
     with pytest.raises(InputError, match="DOCUMENTS is empty"):
         tok.decode(as_bytes([b"q"]), as_bytes([]))
@@ -42,7 +42,7 @@ def test_decode_names_the_bad_item(folders):
 @pytest.mark.parametrize("kind", ["bert", "xlm-roberta", "qwen3"])
 def test_truncation_keeps_the_query_and_refusal_names_the_document(folders, kind):
     limit = 100 if kind == "qwen3" else 24
-    tok = PairTokenizer(folders[kind], TokenizerConfig(max_length=limit))
+    tok = PairTokenizer(folders[kind], PairTokenizerConfig(max_length=limit))
     docs = ["paris", "the eiffel tower stands in paris " * 20, "berlin"]
     ids, lens, _ = tok.encode(QUERY, docs, RerankOptions())
     assert lens[1] == limit and lens[0] < limit and lens[2] < limit
@@ -61,19 +61,19 @@ def test_instruction_only_for_models_that_take_one(folders):
     options = RerankOptions(instruction="Judge relevance")
     for kind in ("bert", "xlm-roberta"):
         with pytest.raises(InputError, match="takes no instruction"):
-            PairTokenizer(folders[kind], TokenizerConfig()).encode(QUERY, ["paris"], options)
-    judge = PairTokenizer(folders["qwen3"], TokenizerConfig())
+            PairTokenizer(folders[kind], PairTokenizerConfig()).encode(QUERY, ["paris"], options)
+    judge = PairTokenizer(folders["qwen3"], PairTokenizerConfig())
     assert judge.encode(QUERY, ["paris"], options)[0].tolist() != judge.encode(QUERY, ["paris"], RerankOptions())[0].tolist()
 
 
 def test_segment_ids_only_where_the_family_has_them(folders):
     for kind, segments in (("bert", True), ("xlm-roberta", False), ("qwen3", False)):
-        ids, lens, types = PairTokenizer(folders[kind], TokenizerConfig()).encode(QUERY, ["paris"], RerankOptions())
+        ids, lens, types = PairTokenizer(folders[kind], PairTokenizerConfig()).encode(QUERY, ["paris"], RerankOptions())
         assert (types.size == ids.size) if segments else types.size == 0, kind
 
 
 def test_xlm_roberta_pairs_fit_its_positions(folders):
-    assert PairTokenizer(folders["xlm-roberta"], TokenizerConfig()).max_length == 128  # 130 positions - offset 2
+    assert PairTokenizer(folders["xlm-roberta"], PairTokenizerConfig()).max_length == 128  # 130 positions - offset 2
 
 
 def test_identity_activation_from_config_matches_cross_encoder(tmp_path):
@@ -91,7 +91,7 @@ def test_identity_activation_from_config_matches_cross_encoder(tmp_path):
     config["sentence_transformers"] = {"activation_fn": "torch.nn.modules.linear.Identity"}
     path.write_text(json.dumps(config))
     docs = ["paris is the capital", "berlin"]
-    ids, lens, types = PairTokenizer(str(tmp_path), TokenizerConfig()).encode(QUERY, docs, RerankOptions())
+    ids, lens, types = PairTokenizer(str(tmp_path), PairTokenizerConfig()).encode(QUERY, docs, RerankOptions())
     bounds = np.concatenate([[0], np.cumsum(lens)])
     split = lambda flat: [flat[bounds[i]:bounds[i + 1]] for i in range(len(lens))]
     engine = Engine(str(tmp_path), device="cpu", task="score")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine_lib.batch import PackedBatch
-from engine_lib.config import TokenizerConfig
+from engine_lib.config import PairTokenizerConfig
 from engine_lib.engine import Engine
 from engine_lib.options import RerankOptions
 from engine_lib.outputs import ScoreOutput
@@ -35,7 +35,7 @@ def family(request, tmp_path_factory):
 
 
 def _ours(folder, query=QUERY, docs=DOCS, options=RerankOptions()):
-    tokenizer = PairTokenizer(folder, TokenizerConfig())
+    tokenizer = PairTokenizer(folder, PairTokenizerConfig())
     ids, lens, types = tokenizer.encode(query, docs, options)
     bounds = np.concatenate([[0], np.cumsum(lens)])
     seqs = [ids[bounds[i]:bounds[i + 1]] for i in range(len(lens))]
@@ -148,7 +148,7 @@ def test_qwen3_instruction_and_truncation(tmp_path):
     seqs, _ = _ours(folder, options=RerankOptions(instruction=instruction))
     assert [s.tolist() for s in seqs] == _reference_qwen3(folder, reference, instruction=instruction)[2]
     # A short max_length: the card's recipe cuts the end of the pair (the document), as we do.
-    tokenizer = PairTokenizer(folder, TokenizerConfig(max_length=80))
+    tokenizer = PairTokenizer(folder, PairTokenizerConfig(max_length=80))
     ids, lens, _ = tokenizer.encode(QUERY, DOCS, RerankOptions())
     assert lens.max() == 80
     expected = _reference_qwen3(folder, reference, max_length=80)[2]

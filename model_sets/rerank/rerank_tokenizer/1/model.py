@@ -1,7 +1,7 @@
 """Triton adapter: (QUERY, DOCUMENTS) -> flat INPUT_IDS + SEQ_LENS + TOKEN_TYPE_IDS (engine_lib.pair_tokenization)."""
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.config import TokenizerConfig
+from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.options import RerankOptions
 from engine_lib.pair_tokenization import PairTokenizer
@@ -12,7 +12,7 @@ from rose_triton.parameters import load_config
 class TritonPythonModel:
     def initialize(self, args):
         try:
-            config = load_config(TokenizerConfig, args)
+            config = load_config(PairTokenizerConfig, args)
             self.tokenizer = PairTokenizer(config.model_dir, config)
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
