@@ -14,6 +14,7 @@ class PackedBatch:
     positions: np.ndarray   # [num_tokens] int64, position inside its sequence
     cu_seqlens: np.ndarray  # [num_seqs + 1] int32, cu_seqlens[0] == 0
     max_seqlen: int
+    token_types: np.ndarray | None = None  # [num_tokens] int64 segment ids (BERT pairs); None = all 0
 
     @property
     def num_seqs(self) -> int:
@@ -33,7 +34,9 @@ class PackedBatch:
         return np.repeat(np.arange(self.num_seqs, dtype=np.int64), self.seq_lens)
 
     @classmethod
-    def from_sequences(cls, sequences: Sequence[np.ndarray]) -> "PackedBatch":
+    def from_sequences(cls, sequences: Sequence[np.ndarray],
+                       token_types: Sequence[np.ndarray | None] | None = None) -> "PackedBatch":
+        """`token_types[i]`: segment ids of sequence i (same length) or None (all 0)."""
         if not sequences:
             raise ValueError("a batch needs at least one sequence")
         lens = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
@@ -44,4 +47,10 @@ class PackedBatch:
         input_ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])
         starts = np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
         positions = np.arange(len(input_ids), dtype=np.int64) - starts
-        return cls(input_ids, positions, cu_seqlens, int(lens.max()))
+        types = None
+        if token_types is not None and any(t is not None for t in token_types):
+            types = np.concatenate([np.zeros(len(s), dtype=np.int64) if t is None else np.asarray(t, dtype=np.int64)
+                                    for s, t in zip(sequences, token_types)])
+            if types.shape != input_ids.shape:
+                raise ValueError("token_types must have one entry per token")
+        return cls(input_ids, positions, cu_seqlens, int(lens.max()), types)

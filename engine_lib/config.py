@@ -58,15 +58,40 @@ class TokenizerConfig:
     max_texts_per_request: int = 4096
     max_text_bytes: int = 1 << 20
     max_request_bytes: int = 4 << 20
+    max_length: int = 0   # tokens per text at most; 0 = from the model folder
 
     def __post_init__(self):
-        if self.max_texts_per_request < 1:
-            raise ValueError("max_texts_per_request must be >= 1")
-        if self.max_text_bytes < 1 or self.max_request_bytes < 1:
-            raise ValueError("max_text_bytes and max_request_bytes must be >= 1")
+        _check_tokenizer_limits(self)
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "TokenizerConfig":
+        return _from_parameters(cls, params, overrides)
+
+
+def _check_tokenizer_limits(config) -> None:
+    if config.max_length < 0:
+        raise ValueError("max_length must be >= 0 (0 = from the model folder)")
+    if config.max_texts_per_request < 1:
+        raise ValueError("max_texts_per_request must be >= 1")
+    if config.max_text_bytes < 1 or config.max_request_bytes < 1:
+        raise ValueError("max_text_bytes and max_request_bytes must be >= 1")
+
+
+@dataclass(frozen=True)
+class PairTokenizerConfig:
+    """The reranker's pair tokenizer (model_sets/rerank/rerank_tokenizer/config.pbtxt)."""
+    model_dir: str = DEFAULT_MODEL
+    max_texts_per_request: int = 4096  # documents per request
+    max_text_bytes: int = 1 << 20
+    max_request_bytes: int = 4 << 20
+    max_length: int = 0   # tokens per (query, document) pair at most; 0 = from the model folder
+    instruction: str = ""  # the default instruction of models that take one ("" = the family's)
+
+    def __post_init__(self):
+        _check_tokenizer_limits(self)
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], **overrides) -> "PairTokenizerConfig":
         return _from_parameters(cls, params, overrides)
 
 
@@ -85,8 +110,11 @@ class EncoderConfig:
     max_graph_tokens: int = 4096
     max_graph_seqs: int = 64
     num_threads: int = 0
+    task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
 
     def __post_init__(self):
+        if self.task not in ("embed", "score"):
+            raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
                      "max_queued_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:

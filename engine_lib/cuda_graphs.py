@@ -8,8 +8,8 @@ static device buffers and calls an injected `capture(fn) -> (replay, output)`:
 
 Padding invariant: a padded batch has exactly the bucket's token and sequence
 counts; extra sequences are zero-length (cu_seqlens repeats num_tokens), extra
-tokens lie past cu_seqlens[-1] with id 0, position 0 and seq_id == the bucket's
-sequence count (pooling's scratch row). Rows of real sequences never read them.
+tokens lie past cu_seqlens[-1] with id 0, position 0, token type 0 and seq_id ==
+the bucket's sequence count (pooling's scratch row). Rows of real sequences never read them.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class GraphBuckets:
 
 
 class PaddedBatch(NamedTuple):
-    token_data: np.ndarray  # [3, num_tokens_bucket] int64: input_ids, positions, seq_ids
+    token_data: np.ndarray  # [4, num_tokens_bucket] int64: input_ids, positions, seq_ids, token_types
     cu_seqlens: np.ndarray  # [num_seqs_bucket + 1] int32
 
 
@@ -75,11 +75,13 @@ def pad_batch(batch: PackedBatch, key: tuple[int, int]) -> PaddedBatch:
     num_seqs, num_tokens = key
     if batch.num_seqs > num_seqs or batch.num_tokens > num_tokens:
         raise ValueError(f"batch ({batch.num_seqs} seqs, {batch.num_tokens} tokens) exceeds bucket {key}")
-    token_data = np.zeros((3, num_tokens), dtype=np.int64)
+    token_data = np.zeros((4, num_tokens), dtype=np.int64)
     token_data[0, :batch.num_tokens] = batch.input_ids
     token_data[1, :batch.num_tokens] = batch.positions
     token_data[2, :batch.num_tokens] = batch.seq_ids
     token_data[2, batch.num_tokens:] = num_seqs
+    if batch.token_types is not None:
+        token_data[3, :batch.num_tokens] = batch.token_types
     cu_seqlens = np.full(num_seqs + 1, batch.num_tokens, dtype=np.int32)
     cu_seqlens[:batch.num_seqs + 1] = batch.cu_seqlens
     return PaddedBatch(token_data, cu_seqlens)
@@ -147,7 +149,7 @@ class GraphRunner:
         self.stats = stats or GraphStats()
         self.cache = LazyGraphCache(max_graphs)
         self._plans: dict[tuple[int, int], object] = {}
-        self._token_data = torch.zeros((3, buckets.max_tokens), dtype=torch.int64, device=device)
+        self._token_data = torch.zeros((4, buckets.max_tokens), dtype=torch.int64, device=device)
         self._cu_seqlens = torch.zeros(buckets.max_seqs + 1, dtype=torch.int32, device=device)
 
     def run(self, batch: PackedBatch):

@@ -1,9 +1,11 @@
 """Encoder requests: validation in, post-processing out, around an EncoderService.
 
-A request is flat INPUT_IDS + SEQ_LENS (as the tokenizer model emits them) and
-RequestOptions. `Encoder.submit` checks them against the engine's limits
-(InputError names the field), hands the sequences to the service, and turns
-the service's raw rows into the answer (Matryoshka cut, L2 normalisation).
+A request is flat INPUT_IDS + SEQ_LENS (as the tokenizer models emit them),
+optionally flat TOKEN_TYPE_IDS (segment ids of BERT pairs), and its options
+(RequestOptions for embeddings, RerankOptions for scores). `Encoder.submit`
+checks them against the engine's limits (InputError names the field), hands
+the sequences to the service, and turns the service's raw rows into the
+answer (engine_lib/outputs.py: embedding rows or scores).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import InputError
-from .options import RequestOptions
+from .outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
 from .serving import DoneCallback, EncoderService
 
 
@@ -23,11 +25,13 @@ class EncoderLimits:
     vocab_size: int
     output_dim: int
     max_request_tokens: int  # a request larger than the whole queue can never be admitted
+    type_vocab_size: int = 1
 
     @classmethod
     def of(cls, service: EncoderService) -> "EncoderLimits":
         engine = service.engine
-        return cls(engine.max_positions, engine.vocab_size, engine.hidden_size, service.max_queued_tokens)
+        return cls(engine.max_positions, engine.vocab_size, engine.output_dim, service.max_queued_tokens,
+                   engine.type_vocab_size)
 
 
 def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: EncoderLimits) -> list[np.ndarray]:
@@ -48,53 +52,53 @@ def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: Encoder
                          f"(max_queued_tokens={limits.max_request_tokens}); split it")
     if input_ids.min() < 0 or input_ids.max() >= limits.vocab_size:
         raise InputError(f"INPUT_IDS holds ids outside [0, {limits.vocab_size})")
+    return _split(input_ids.astype(np.int64, copy=False), seq_lens)
+
+
+def _split(flat: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
     bounds = np.concatenate([[0], np.cumsum(seq_lens)])
-    ids = input_ids.astype(np.int64, copy=False)
-    return [ids[bounds[i]:bounds[i + 1]] for i in range(seq_lens.size)]
+    return [flat[bounds[i]:bounds[i + 1]] for i in range(seq_lens.size)]
 
 
-def check_options(options: RequestOptions, limits: EncoderLimits) -> None:
-    if options.dimensions > limits.output_dim:
-        raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {limits.output_dim}")
-
-
-def normalize_rows(rows: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return rows / np.maximum(norms, 1e-12)
-
-
-def finish_rows(rows: np.ndarray, options: RequestOptions) -> np.ndarray:
-    """Raw pooled rows [N, H] -> the answer: first `dimensions` columns, then normalised; fp32, contiguous."""
-    if options.dimensions:
-        rows = rows[:, :options.dimensions]
-    if options.normalize:
-        rows = normalize_rows(rows)
-    return np.ascontiguousarray(rows, dtype=np.float32)
+def split_token_types(token_types: Optional[np.ndarray], seq_lens: np.ndarray,
+                      limits: EncoderLimits) -> Optional[list[np.ndarray]]:
+    """Flat segment ids (one per token) -> per sequence; None or empty: the model's single segment."""
+    if token_types is None or token_types.size == 0:
+        return None
+    num_tokens = int(seq_lens.sum())
+    if token_types.ndim != 1 or token_types.size != num_tokens:
+        raise InputError(f"TOKEN_TYPE_IDS has shape {list(token_types.shape)}; send one id per token "
+                         f"({num_tokens}) or none")
+    if token_types.min() < 0 or token_types.max() >= limits.type_vocab_size:
+        raise InputError(f"TOKEN_TYPE_IDS holds ids outside [0, {limits.type_vocab_size})")
+    return _split(token_types.astype(np.int64, copy=False), seq_lens)
 
 
 class Encoder:
-    """What the encoder model's adapter calls: validated requests in, finished rows out."""
+    """What the encoder model's adapter calls: validated requests in, finished answers out."""
 
-    def __init__(self, service: EncoderService):
+    def __init__(self, service: EncoderService, output=None):
         self.service = service
         self.limits = EncoderLimits.of(service)
+        self.output = output or output_for(service.engine)  # EmbeddingOutput or ScoreOutput
 
-    def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options: RequestOptions,
-               on_done: DoneCallback, is_cancelled: Optional[Callable[[], bool]] = None,
-               received_at: Optional[float] = None) -> int:
+    def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options, on_done: DoneCallback,
+               is_cancelled: Optional[Callable[[], bool]] = None,
+               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None) -> int:
         """Queue one request; raises InputError/OverloadError before queuing anything.
         `received_at`: time.perf_counter() when the adapter got it (hop timing)."""
         try:
             sequences = split_sequences(input_ids, seq_lens, self.limits)
-            check_options(options, self.limits)
+            types = split_token_types(token_types, seq_lens, self.limits)
+            self.output.check(options)
         except InputError:
             self.service.metrics.count("rose_requests_total", outcome="invalid")
             raise
 
         def finish(rows, error):
-            on_done(None if rows is None else finish_rows(rows, options), error)
+            on_done(None if rows is None else self.output.finish(rows, options), error)
 
-        return self.service.submit(sequences, finish, is_cancelled, received_at)
+        return self.service.submit(sequences, finish, is_cancelled, types, received_at)
 
     def close(self, timeout: float = 60.0) -> None:
         self.service.close(timeout)

@@ -11,7 +11,7 @@ from .lazy_tensor import CudaLazyTensor, LazyTensor, ResolvedTensor, host_tensor
 from .loader import load_weights
 from .model_folder import ModelFolder
 from .models import model_class
-from .pooling import pool
+from .models.heads import build_head
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_MODES = ("auto", "on", "off")
@@ -37,12 +37,16 @@ class Engine:
     cuda_graphs: "auto" graphs on CUDA when the backend can be captured; "on"
     insists (with `graph_capture` injected it also runs on CPU, for tests);
     "off" always eager. Batches above (max_graph_seqs, max_graph_tokens) run eagerly.
+
+    task: "embed" (pooled rows [num_seqs, hidden]) or "score" (one relevance
+    logit per sequence, [num_seqs, 1]; `score_activation` says how it becomes
+    the model's score). The head is chosen from config.json (models/heads.py).
     """
 
     def __init__(self, model: ModelFolder | str, device: str = "auto", dtype: str = "auto",
                  attention_backend: str = "auto", cuda_graphs: str = "auto",
                  max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
-                 graph_capture: Capture | None = None):
+                 graph_capture: Capture | None = None, task: str = "embed"):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         self.model_dir = folder.path
         self.device = resolve_device(device)
@@ -51,13 +55,20 @@ class Engine:
         cls = model_class(cfg)
         self.attention_shape = AttentionShape.from_config(cfg, cls.is_causal(cfg))
         self.backend = select_backend(attention_backend, self.device, self.dtype, self.attention_shape)
-        self.pooling = folder.pooling
+        self.task = task
         self.vocab_size = cfg["vocab_size"]
+        self.type_vocab_size = int(cfg.get("type_vocab_size", 1) or 1)
         with torch.device("meta"):
             model = cls(cfg, self.backend)
-        model = model.to_empty(device="cpu")
+            head = build_head(task, folder)
+        model, head = model.to_empty(device="cpu"), head.to_empty(device="cpu")
         load_weights(model, folder.weight_files)
+        head.load(folder.weight_files)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.head = head.to(device=self.device, dtype=self.dtype).eval()
+        self.output_dim = head.output_dim
+        self.score_activation = head.activation
+        self.pooling = getattr(head, "mode", None)
         if hasattr(self.model, "init_buffers"):
             self.model.init_buffers()  # non-checkpoint buffers (RoPE table), in fp32 on the device
         self.max_positions = self.model.max_positions
@@ -80,22 +91,24 @@ class Engine:
         buckets = GraphBuckets(max_tokens, max_seqs)
         return GraphRunner(self._forward_static, self.backend, buckets, self.device, capture, self.stats, max_graphs)
 
-    def _forward(self, input_ids, positions, seq_ids, cu_seqlens, plan) -> torch.Tensor:
-        hidden = self.model(input_ids, positions, plan)  # [num_tokens, hidden]
-        return pool(hidden, cu_seqlens, seq_ids, self.pooling).float()  # [num_seqs, hidden]
+    def _forward(self, input_ids, positions, seq_ids, token_types, cu_seqlens, plan) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, plan, token_types)  # [num_tokens, hidden]
+        return self.head(hidden, cu_seqlens, seq_ids).float()  # [num_seqs, output_dim]
 
     def _forward_static(self, token_data: torch.Tensor, cu_seqlens: torch.Tensor, plan) -> torch.Tensor:
-        return self._forward(token_data[0], token_data[1], token_data[2], cu_seqlens, plan)
+        token_types = token_data[3] if self.type_vocab_size > 1 else None
+        return self._forward(token_data[0], token_data[1], token_data[2], token_types, cu_seqlens, plan)
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
         to_device = lambda a: host_tensor(a, self.device).to(self.device, non_blocking=True)
-        token_data = to_device(np.stack([batch.input_ids, batch.positions, batch.seq_ids]))  # [3, num_tokens]
+        token_types = batch.token_types if batch.token_types is not None else np.zeros_like(batch.input_ids)
+        token_data = to_device(np.stack([batch.input_ids, batch.positions, batch.seq_ids, token_types]))  # [4, num_tokens]
         plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
         return self._forward_static(token_data, to_device(batch.cu_seqlens), plan)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
-        """Launch the forward pass; returns pooled fp32 [num_seqs, hidden] (not normalised)."""
+        """Launch the forward pass; returns fp32 [num_seqs, output_dim] (pooled, not normalised; or logits)."""
         pooled = self.graphs.run(batch) if self.graphs is not None else None
         if pooled is None:
             self.stats.eager_runs += 1

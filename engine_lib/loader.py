@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 
@@ -17,6 +18,19 @@ def map_checkpoint_key(model, key: str) -> str | None:
         if old in key:
             return key.replace(old, new, 1)
     return key
+
+
+def read_tensors(weight_files: list[str], names: list[str]) -> dict[str, torch.Tensor]:
+    """Only the named checkpoint tensors (those present), over all shards."""
+    found = {}
+    for path in weight_files:
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in set(names) & set(f.keys()):
+                    found[name] = f.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ValueError(f"{path}: cannot read weights ({exc})") from exc
+    return found
 
 
 def load_weights(model: torch.nn.Module, weight_files: list[str]) -> None:

@@ -17,6 +17,22 @@ def _as_bool(name: str, value) -> bool:
         raise InputError(f"parameter {name!r} must be a boolean, got {value!r}") from None
 
 
+def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
+    """Request parameters (a JSON string in Triton) as a dict; unknown names refused."""
+    if isinstance(params, str):
+        try:
+            params = json.loads(params) if params else {}
+        except ValueError:
+            raise InputError("request parameters are not valid JSON") from None
+    if not isinstance(params, (dict, type(None))):
+        raise InputError(f"request parameters must be a JSON object, got {type(params).__name__}")
+    params = {k: v for k, v in (params or {}).items() if not k.startswith("triton_")}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise InputError(f"unknown request parameter(s) {unknown}; known: {sorted(known)}")
+    return params
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     input_type: str = "document"  # which template prefix the tokenizer applies
@@ -26,18 +42,7 @@ class RequestOptions:
 
     @classmethod
     def from_parameters(cls, params: dict | str | None) -> "RequestOptions":
-        if isinstance(params, str):
-            try:
-                params = json.loads(params) if params else {}
-            except ValueError:
-                raise InputError("request parameters are not valid JSON") from None
-        if not isinstance(params, (dict, type(None))):
-            raise InputError(f"request parameters must be a JSON object, got {type(params).__name__}")
-        params = {k: v for k, v in (params or {}).items() if not k.startswith("triton_")}
-        known = {"input_type", "truncate", "normalize", "dimensions"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise InputError(f"unknown request parameter(s) {unknown}; known: {sorted(known)}")
+        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions"})
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}")
@@ -50,3 +55,26 @@ class RequestOptions:
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
                    dimensions=dimensions)
+
+
+MAX_INSTRUCTION_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    """Options of the `rerank` pipeline (pair tokenizer and scoring encoder both parse them)."""
+    truncate: bool = True     # cut the document side of an over-long pair (the query is kept); False refuses it
+    raw_scores: bool = False  # True: the logit; False: the model's activation (sigmoid -> 0..1)
+    instruction: str = ""     # task instruction for models that take one ("" = the model's default)
+
+    @classmethod
+    def from_parameters(cls, params: dict | str | None) -> "RerankOptions":
+        params = parse_parameters(params, {"truncate", "raw_scores", "instruction"})
+        instruction = params.get("instruction", "")
+        if not isinstance(instruction, str):
+            raise InputError(f"parameter 'instruction' must be a string, got {instruction!r}")
+        if len(instruction) > MAX_INSTRUCTION_CHARS:
+            raise InputError(f"parameter 'instruction' is {len(instruction)} characters; at most {MAX_INSTRUCTION_CHARS}")
+        return cls(truncate=_as_bool("truncate", params.get("truncate", True)),
+                   raw_scores=_as_bool("raw_scores", params.get("raw_scores", False)),
+                   instruction=instruction)

@@ -39,6 +39,7 @@ DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
 @dataclass
 class _PooledRequest:
     sequences: list[np.ndarray]
+    token_types: Optional[list[np.ndarray]]  # segment ids per sequence (BERT pairs), or None (all 0)
     on_done: DoneCallback
     rows: np.ndarray
     remaining: int
@@ -59,7 +60,7 @@ class EncoderService:
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05):
         self.engine = engine
-        self.output_dim = engine.hidden_size
+        self.output_dim = engine.output_dim
         self.max_queued_tokens = max_queued_tokens
         self.max_queued_requests = max_queued_requests
         # A check is one IPC round trip in Triton's Python backend (~50 us here):
@@ -83,14 +84,17 @@ class EncoderService:
         self._completer.start()
 
     def submit(self, sequences: list[np.ndarray], on_done: DoneCallback,
-               is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None) -> int:
+               is_cancelled: Optional[Callable[[], bool]] = None,
+               token_types: Optional[list[np.ndarray]] = None, received_at: Optional[float] = None) -> int:
         """Queue one request's sequences (already validated, see encoder.py); raises
         OverloadError before queuing anything. `on_done(rows, error)` gets the raw
-        pooled rows [len(sequences), hidden] in order.
+        rows [len(sequences), engine.output_dim] in order. `token_types`: segment
+        ids per sequence (same lengths), or None.
 
         `is_cancelled` is polled when the request's sequences are about to launch
         (see cancel_check_interval); once it says True, the still-queued
-        sequences are dropped and `on_done` gets a RequestCancelled error.
+        sequences are dropped and `on_done` gets a RequestCancelled error. `received_at`
+        (time.perf_counter) starts the request's hop timing (rose_hop_seconds_total).
         """
         num_tokens = sum(len(s) for s in sequences)
         with self._lock:
@@ -101,7 +105,7 @@ class EncoderService:
                 raise OverloadError(message)
             key = next(self._ids)
             rows = np.empty((len(sequences), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(sequences, on_done, rows, len(sequences), is_cancelled,
+            self._requests[key] = _PooledRequest(sequences, token_types, on_done, rows, len(sequences), is_cancelled,
                                                  time.monotonic(), received=received_at or time.perf_counter())
             self._batcher.add(key, (len(s) for s in sequences))
             self._lock.notify()
@@ -155,12 +159,13 @@ class EncoderService:
                 self._inflight.release()
                 continue
             sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
+            types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
             launched_at = time.perf_counter()
             for request in requests:
                 request.picked = request.picked or picked_at
                 request.launched = launched_at
             try:
-                lazy = self.engine.step(PackedBatch.from_sequences(sequences))
+                lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
             except Exception as exc:  # a failed step fails its requests, not the service
                 log.exception("engine step failed")
                 self._inflight.release()

@@ -31,12 +31,14 @@ class StepThreads:
     def __init__(self, engine, max_threads: int, flops_per_token: float,
                  set_threads: Callable[[int], None], min_flops_per_thread: float = MIN_FLOPS_PER_THREAD):
         self.engine = engine
-        self.hidden_size, self.max_positions, self.vocab_size = (
-            engine.hidden_size, engine.max_positions, engine.vocab_size)
         self.max_threads, self.flops_per_token = max_threads, flops_per_token
         self.min_flops_per_thread = min_flops_per_thread
         self._set_threads = set_threads
         self._current = 0
+
+    def __getattr__(self, name: str):
+        """The rest of the engine contract (output_dim, max_positions, ...) is the wrapped engine's."""
+        return getattr(self.engine, name)
 
     def threads_for(self, num_tokens: int) -> int:
         wanted = int(num_tokens * self.flops_per_token // self.min_flops_per_thread)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import TokenizerConfig
+from .config import PairTokenizerConfig, TokenizerConfig
 from .errors import InputError
 
 
-def decode_texts(raw: np.ndarray, limits: TokenizerConfig, name: str = "TEXT") -> list[str]:
+def decode_texts(raw: np.ndarray, limits: TokenizerConfig | PairTokenizerConfig, name: str = "TEXT") -> list[str]:
     """BYTES tensor -> list of str, refusing empty, oversize or non-UTF-8 items (named `name[i]`)."""
     if raw.ndim != 1:
         raise InputError(f"{name} must be a 1-D list of strings, got shape {list(raw.shape)}")

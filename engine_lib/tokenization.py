@@ -60,7 +60,7 @@ class TextTokenizer:
     def __init__(self, model: ModelFolder | str, config: TokenizerConfig, max_length: int | None = None):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         self.config = config
-        self.max_length = max_length or folder.max_length
+        self.max_length = max_length or config.max_length or folder.max_length
         self._full = load_tokenizer(folder)
         self.prefixes = template_prefixes(folder, config)
         self.append_eos_id = self._eos_to_append(folder) if folder.pooling == "lasttoken" else None

@@ -27,7 +27,8 @@ def model_info(model_dir: str | None) -> dict:
                                               "num_attention_heads") if k in config}}
 
 
-def start_targets(names: list[str], args, model: dict, stack) -> dict:
+def start_targets(names: list[str], args, model: dict, stack) -> tuple[dict, str | None]:
+    """(targets by name, the gRPC URL of ours, if served)."""
     targets = {}
     grpc_url = args.grpc_url
     if not grpc_url and {"rose", "triton-padded"} & set(names):
@@ -37,7 +38,9 @@ def start_targets(names: list[str], args, model: dict, stack) -> dict:
         log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
         runner.log(f"starting tritonserver (log {log_dir / 'server.log'})")
         env = {"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}
-        server = TritonServer(log_dir / "server.log", env=env, extra_args=extra, ready_timeout=600)
+        serve_args = ["--rerank-model-dir", args.rerank_model_dir] if args.rerank_model_dir else []
+        server = TritonServer(log_dir / "server.log", env=env, extra_args=extra, ready_timeout=600,
+                              serve_args=serve_args)
         stack.append(server.stop)
         grpc_url = server.grpc_url
     for name in names:
@@ -65,7 +68,27 @@ def start_targets(names: list[str], args, model: dict, stack) -> dict:
             continue
         if hasattr(targets[name], "close"):
             stack.append(targets[name].close)
-    return targets
+    return targets, grpc_url
+
+
+def start_scoring(args, names: list[str], grpc_url: str | None, stack) -> dict | None:
+    """Reranker targets, requests and reference for score cells (perf/scoring.py), or None."""
+    if not args.rerank_model_dir:
+        return None
+    from engine_lib.model_folder import ModelFolder
+
+    from .scoring import PairRequests, ScoreReference, score_targets
+
+    folder = ModelFolder.open(args.rerank_model_dir)
+    requests = PairRequests(folder.path)
+    targets = score_targets(names, grpc_url, folder.path, requests.pairs.max_length)
+    for target in targets.values():
+        if hasattr(target, "close"):
+            stack.append(target.close)
+    info = {"dir": folder.path, "name": args.rerank_label or Path(folder.path).name,
+            "architectures": folder.config.get("architectures"),
+            "config": {k: folder.config[k] for k in ("hidden_size", "num_hidden_layers") if k in folder.config}}
+    return {"info": info, "requests": requests, "reference": ScoreReference(folder.path), "targets": targets}
 
 
 def plot(json_path: Path) -> None:
@@ -124,9 +147,11 @@ def cmd_run(args) -> None:
         runner.log(f"GEMM: {gemm['flops_per_s'] / 1e9:.1f} GFLOP/s ({gemm['dtype']}, n={gemm['n']})")
     stack: list = []
     try:
-        targets = start_targets(names, args, model, stack)
+        targets, grpc_url = start_targets(names, args, model, stack)
+        scoring = start_scoring(args, names, grpc_url, stack)
         results = runner.run_profile(profile, cells, targets, model, desc, out_json,
-                                     {"gemm": gemm, "scale": args.scale}, (args.quiet_busy, args.quiet_wait))
+                                     {"gemm": gemm, "scale": args.scale}, (args.quiet_busy, args.quiet_wait),
+                                     scoring)
         for name in results["targets"]:
             results["targets"][name]["label"] = lineup.LABELS.get(name, name)
         if gemm:  # again at the end; the better reading is the less disturbed one
@@ -157,6 +182,8 @@ def main(argv=None) -> None:
     run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
+    run.add_argument("--rerank-model-dir", help="reranker folder: also serve it and run the score cells (2r)")
+    run.add_argument("--rerank-label", help="name of the reranker in the results (e.g. '... random-weight')")
     run.add_argument("--out", help="output folder (default: perf/results/<date>-<machine>)")
     run.add_argument("--compare", help="overhead profile: also serve these git refs (comma list), same run")
     run.add_argument("--variant", action="append", metavar="LABEL=REF[:KEY=VALUE...]",

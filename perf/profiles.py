@@ -19,16 +19,21 @@ class Cell:
     duration_s: float = 20.0  # load: seconds of closed loop
     metric: str = "p50_ms"   # headline: "p50_ms" (lower is better) or "embeddings_per_s"
     served_only: bool = False  # in-process peers have no server to load (tokenization + network hop)
+    task: str = "embed"      # "score": a reranker (query + `batch` documents; seq_len = tokens per pair)
 
     def __post_init__(self):
         if self.mode not in ("sequential", "load") or self.input not in ("tokens", "text"):
             raise ValueError(f"cell {self.key}: bad mode/input {self.mode}/{self.input}")
         if self.metric not in ("p50_ms", "embeddings_per_s"):
             raise ValueError(f"cell {self.key}: bad metric {self.metric}")
+        if self.task not in ("embed", "score"):
+            raise ValueError(f"cell {self.key}: bad task {self.task}")
 
     @property
     def label(self) -> str:
         conc = f", {self.concurrency} clients" if self.mode == "load" else ""
+        if self.task == "score":
+            return f"pairs len {self.seq_len}, {self.batch} documents"
         return f"{self.input} len {self.seq_len}, batch {self.batch}{conc}"
 
     def scaled(self, factor: float) -> "Cell":
@@ -51,6 +56,17 @@ class Profile:
 
 S1, S2, S3, S4 = ("1 low-latency embedding", "2 low-latency scoring", "3 high-throughput embedding",
                   "4 high-concurrency embedding")
+RERANK_NOTE = ("Scenario 2r runs on the reranker given with --rerank-model-dir: ours streams pre-tokenized "
+               "(query, document) pairs to `rerank_encoder`; the `st` column there is sentence-transformers "
+               "CrossEncoder.predict in-process on the same pairs. Without a reranker those cells are skipped.")
+
+S2R = "2r low-latency scoring, reranker (needs --rerank-model-dir)"
+
+
+def _rerank_cells(pair_len: int, batches, num_requests: int, max_seconds: float) -> tuple[Cell, ...]:
+    """The seed's scoring scenario on a reranker: one query and N documents, pre-tokenized pairs."""
+    return tuple(Cell(S2R, f"s2r-batch{b}", "sequential", "tokens", pair_len, b, num_requests=num_requests,
+                      max_seconds=max_seconds, task="score") for b in batches)
 
 
 def _seed_like(lengths1, len2, batches2, batch3, lengths3, len4, concs4, n1, n2, d3, d4, max1, max2):
@@ -68,19 +84,21 @@ PROFILES = {
     "seed": Profile(
         "seed", "The seed's four scenarios with its own numbers (for the GPU machine).",
         _seed_like((128, 512, 4096), 512, (5, 25, 50), 100, (512, 1024, 4096), 512, (1, 2, 4, 8, 16),
-                   n1=1000, n2=300, d3=60, d4=30, max1=180, max2=180),
+                   n1=1000, n2=300, d3=60, d4=30, max1=180, max2=180)
+        + _rerank_cells(512, (5, 25, 50), 300, 180),
         ("rose", "st", "ort", "triton-padded", "vllm", "infinity"), warmup_requests=8, pool_requests=32,
         notes=("Cells longer than the served model's maximum are skipped and say so; use --model-dir for a "
-               "longer-context model.",)),
+               "longer-context model.", RERANK_NOTE)),
     "cpu": Profile(
         "cpu", "The seed's four scenarios scaled to the default model (max 256 tokens) and a 2-core CPU.",
         _seed_like((32, 128, 256, "mixed"), 128, (5, 25, 50), 32, (128, 256, "mixed"), 128, (1, 2, 4, 8, 16),
-                   n1=200, n2=30, d3=20, d4=10, max1=30, max2=30),
+                   n1=200, n2=30, d3=20, d4=10, max1=30, max2=30)
+        + _rerank_cells(128, (5, 25, 50), 30, 30),
         ("rose", "st", "ort", "triton-padded"),
         notes=("Scaled from the seed: lengths 128/512/4096 -> 32/128/256 (+ mixed 8..256); scoring at 128 "
                "tokens; throughput requests of 32 texts (seed: 100); concurrency at 128 tokens (seed: 512).",
                "On a 2-core machine the server, its client processes and in-process peers share the same "
-               "cores; served targets pay for their clients, in-process peers do not.")),
+               "cores; served targets pay for their clients, in-process peers do not.", RERANK_NOTE)),
     "served-vs-st": Profile(
         "served-vs-st", "Served ensemble (text in, over gRPC) vs sentence-transformers encode in-process, same texts.",
         (Cell("latency", "lat-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=60),

@@ -107,6 +107,10 @@ def markdown(results: dict) -> str:
     lines = [f"# Benchmark `{results['profile']}`: {m['date']}", "", results["description"], "",
              f"- Machine: {machine_line(m)}", f"- Commit: `{m['git_commit']}`; model: {results['model']['name']}",
              "- Packages (harness): " + ", ".join(f"{k} {v}" for k, v in m["packages"].items())]
+    if results.get("reranker"):
+        r = results["reranker"]
+        lines.append(f"- Reranker (scenario 2r): {r['name']} ({', '.join(r.get('architectures') or [])}, "
+                     f"{r.get('config')}); scores checked against CrossEncoder (max |diff| <= 1e-3)")
     lines += [f"- Note: {n}" for n in results["notes"]]
     lines += ["", "Targets:", ""]
     for name in _targets(results):

@@ -14,6 +14,7 @@ import numpy as np
 from .machine import wait_until_quiet
 from .measure import latency_stats
 from .profiles import Cell, Profile
+from .scoring import MAX_SCORE_DIFF, check_scores
 from .texts import TextMaker
 
 MIN_COSINE = 0.999  # the seed's 0.1% divergence check
@@ -61,11 +62,18 @@ def run_cell(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
     check = requests[:warmup]
     try:
         got = target.embed(cell, check)
-        cosine = min(min_cosine(g, w) for g, w in zip(got, reference_rows))
+        if cell.task == "score":
+            diff = check_scores(got, reference_rows)
+            checked = {"max_score_diff": diff}
+            failed = diff > MAX_SCORE_DIFF and f"max |score - CrossEncoder| {diff:.2e} > {MAX_SCORE_DIFF}"
+        else:
+            cosine = min(min_cosine(g, w) for g, w in zip(got, reference_rows))
+            checked = {"min_cosine": cosine}
+            failed = cosine < MIN_COSINE and f"min cosine {cosine:.5f} < {MIN_COSINE}"
     except Exception as exc:
         return {"error": f"warm-up failed: {type(exc).__name__}: {exc}"}
-    if cosine < MIN_COSINE:
-        return {"error": f"warm-up check failed: min cosine {cosine:.5f} < {MIN_COSINE}", "min_cosine": cosine}
+    if failed:
+        return {"error": f"warm-up check failed: {failed}", **checked}
     label = f"{cell.key} {target.name}"
     try:
         if cell.mode == "sequential":
@@ -76,14 +84,17 @@ def run_cell(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
         else:
             stats = target.load(cell, requests, label)
     except Exception as exc:
-        return {"error": f"timing failed: {type(exc).__name__}: {exc}", "min_cosine": cosine}
+        return {"error": f"timing failed: {type(exc).__name__}: {exc}", **checked}
     tokens = sum(r.num_tokens for r in requests) / sum(len(r.seq_lens) for r in requests)
-    return {**stats, "min_cosine": cosine, "input_used": target.input_used(cell), "mean_tokens_per_text": tokens}
+    return {**stats, **checked, "input_used": target.input_used(cell), "mean_tokens_per_text": tokens}
 
 
 def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict, machine: dict,
-                out_json: Path, extra: dict, quiet: tuple[float, float] = (0.25, 0.0)) -> dict:
-    """`quiet` = (busy threshold, max wait s): before each target's timing, wait for other work to calm down."""
+                out_json: Path, extra: dict, quiet: tuple[float, float] = (0.25, 0.0),
+                scoring: dict | None = None) -> dict:
+    """`quiet` = (busy threshold, max wait s): before each target's timing, wait for other work to calm down.
+    `scoring`: {"dir", "requests": PairRequests, "reference": ScoreReference, "targets"} for score
+    cells (perf/scoring.py); without it they are skipped."""
     maker = TextMaker(os.path.join(model["dir"], "tokenizer.json"), model["max_positions"])
     reference = Reference(model["dir"], model["max_positions"])
     model["text_max_length"] = reference.text_max
@@ -91,14 +102,27 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
                "machine": machine, "model": model, **extra,
                "started": datetime.datetime.now().isoformat(timespec="seconds"),
                "targets": {name: {"versions": t.versions} for name, t in targets.items()}, "cells": []}
+    if scoring is not None:
+        results["reranker"] = scoring["info"]
     for number, cell in enumerate(cells, 1):
         log(f"cell {number}/{len(cells)} [{cell.scenario}] {cell.label}")
-        requests = maker.requests(profile.pool_requests, cell.batch, cell.seq_len, reference.text_max)
-        warmup = min(profile.warmup_requests, len(requests))
-        reference_rows = [reference.embed(cell, r) for r in requests[:warmup]]
         entry = {**{k: getattr(cell, k) for k in cell.__dataclass_fields__}, "label": cell.label, "results": {}}
-        for name, target in targets.items():
-            reason = skip_reason(cell, target, model["max_positions"], reference.text_max)
+        cell_targets, limit = targets, model["max_positions"]
+        if cell.task == "score":
+            if scoring is None:
+                entry["results"] = {name: {"skipped": "no reranker (--rerank-model-dir)"} for name in targets}
+                results["cells"].append(entry)
+                continue
+            cell_targets, limit = scoring["targets"], scoring["requests"].pairs.max_length
+            requests = scoring["requests"].requests(profile.pool_requests, cell.batch, cell.seq_len)
+            warmup = min(profile.warmup_requests, len(requests))
+            reference_rows = [scoring["reference"].scores(r) for r in requests[:warmup]]
+        else:
+            requests = maker.requests(profile.pool_requests, cell.batch, cell.seq_len, reference.text_max)
+            warmup = min(profile.warmup_requests, len(requests))
+            reference_rows = [reference.embed(cell, r) for r in requests[:warmup]]
+        for name, target in cell_targets.items():
+            reason = skip_reason(cell, target, limit, limit if cell.task == "score" else reference.text_max)
             start = time.monotonic()
             busy = wait_until_quiet(*quiet) if not reason else None
             entry["results"][name] = {"skipped": reason} if reason else run_cell(

@@ -17,13 +17,31 @@ def config_parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
 
 
-def env_overrides(config_cls, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def env_overrides(config_cls, environ: Mapping[str, str] | None = None, prefix: str = "ROSE_") -> dict[str, str]:
     """Launcher environment over config.pbtxt: ROSE_<FIELD> (e.g. ROSE_MODEL_DIR,
-    ROSE_MAX_BATCH_TOKENS) for each field of `config_cls`; empty values are ignored."""
+    ROSE_MAX_BATCH_TOKENS) for each field of `config_cls`; empty values are ignored.
+    The reranker's models use prefix ROSE_RERANK_ (ROSE_RERANK_MODEL_DIR, ...)."""
     environ = os.environ if environ is None else environ
     overrides = {}
     for field in dataclasses.fields(config_cls):
-        value = environ.get(f"ROSE_{field.name.upper()}")
+        value = environ.get(f"{prefix}{field.name.upper()}")
         if value:
             overrides[field.name] = value
     return overrides
+
+
+def load_config(config_cls, args: dict):
+    """`config_cls` from config.pbtxt parameters + the environment under the model's
+    `env_prefix` parameter (default ROSE_)."""
+    params = config_parameters(args)
+    prefix = params.pop("env_prefix", "ROSE_")
+    return config_cls.from_parameters(params, **env_overrides(config_cls, prefix=prefix))
+
+
+def output_names(args: dict) -> list[str]:
+    """Output tensor names declared in the model's config.pbtxt, in order."""
+    return [output["name"] for output in json.loads(args["model_config"]).get("output", [])]
+
+
+def input_names(args: dict) -> list[str]:
+    return [item["name"] for item in json.loads(args["model_config"]).get("input", [])]

@@ -2,11 +2,13 @@
 # Start Triton on this repository's model_repository (the README's serve
 # command; the container runs it too). Installs what it needs first.
 #   scripts/serve.sh [--host ADDR] [--http-port N] [--grpc-port N]
-#                    [--metrics-port N] [--model-dir DIR] [--model-repository DIR]
-#                    [-- extra tritonserver flags]
+#                    [--metrics-port N] [--model-dir DIR] [--rerank-model-dir DIR]
+#                    [--model-repository DIR] [-- extra tritonserver flags]
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
-# e.g. ROSE_MAX_BATCH_TOKENS), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
+# e.g. ROSE_MAX_BATCH_TOKENS), ROSE_RERANK_MODEL_DIR (a reranker folder: also
+# serve `rerank` and `score`; ROSE_RERANK_<PARAMETER> overrides the reranker's
+# parameters), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
 # ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5).
 set -euo pipefail
@@ -21,6 +23,7 @@ while [[ $# -gt 0 ]]; do
     --grpc-port) GRPC_PORT="$2"; shift 2 ;;
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --model-dir) export ROSE_MODEL_DIR="$2"; shift 2 ;;
+    --rerank-model-dir) export ROSE_RERANK_MODEL_DIR="$2"; shift 2 ;;
     --model-repository) MODEL_REPOSITORY="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -61,7 +64,25 @@ else
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
+# Optional model sets (model_sets/<set>/) are served beside the base repository
+# in an assembled one (scripts/assemble_repository.py); without any, the base is served as is.
+SETS=()
+if [[ -n "${ROSE_RERANK_MODEL_DIR:-}" ]]; then
+  if [[ ! -f "$ROSE_RERANK_MODEL_DIR/config.json" ]]; then
+    echo "serve.sh: --rerank-model-dir $ROSE_RERANK_MODEL_DIR is not a model folder (no config.json)" >&2; exit 2
+  fi
+  export ROSE_RERANK_MODEL_DIR="$(cd "$ROSE_RERANK_MODEL_DIR" && pwd)"
+  SETS+=("$ROOT/model_sets/rerank")
+fi
+if [[ ${#SETS[@]} -gt 0 ]]; then
+  ASSEMBLED="$(mktemp -d "${TMPDIR:-/tmp}/rose-repository.XXXXXX")"
+  python3 "$ROOT/scripts/assemble_repository.py" "$ASSEMBLED" "$MODEL_REPOSITORY" "${SETS[@]}" >/dev/null
+  MODEL_REPOSITORY="$ASSEMBLED"
+  trap 'rm -rf "$ASSEMBLED"' EXIT  # symlinks only; the exec paths below leave it behind (a few links)
+fi
+
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2
+[[ -z "${ROSE_RERANK_MODEL_DIR:-}" ]] || echo "[serve] reranker folder: $ROSE_RERANK_MODEL_DIR (models rerank, score)" >&2
 echo "[serve] model folder: ${ROSE_MODEL_DIR:-embedded all-MiniLM-L6-v2}; ready when http://$HOST:$HTTP_PORT/v2/health/ready answers 200" >&2
 ARGS=(
   --model-repository "$MODEL_REPOSITORY"
@@ -90,7 +111,7 @@ while true; do
   "$TRITONSERVER" "${ARGS[@]}" &
   TRITON_PID=$!
   python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
-    --interval "${ROSE_WATCHDOG_INTERVAL:-5}" &
+    --interval "${ROSE_WATCHDOG_INTERVAL:-5}" ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
   WATCHDOG_PID=$!
   status=0
   while kill -0 "$TRITON_PID" 2>/dev/null; do status=0; wait "$TRITON_PID" || status=$?; done

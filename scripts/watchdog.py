@@ -23,10 +23,14 @@ RESTART = 3
 DEAD_STUB = "is not healthy"
 
 
-def probe(url: str, timeout: float) -> str:
+PROBES = {"ensemble": {"TEXT": ["watchdog probe"]},
+          "rerank": {"QUERY": ["watchdog probe"], "DOCUMENTS": ["watchdog probe"]}}
+
+
+def probe(url: str, timeout: float, model: str = "ensemble") -> str:
     """'' when healthy or unknown; the error text when it names a dead stub."""
-    body = json.dumps({"TEXT": ["watchdog probe"]}).encode()
-    request = urllib.request.Request(f"{url}/v2/models/ensemble/generate", data=body,
+    body = json.dumps(PROBES[model]).encode()
+    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=body,
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout):
@@ -66,9 +70,11 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=10.0, help="per probe")
     parser.add_argument("--grace", type=float, default=2.0, help="SIGTERM to SIGKILL")
+    parser.add_argument("--probe-rerank", action="store_true", help="also probe the `rerank` ensemble")
     args = parser.parse_args()
+    models = ["ensemble"] + (["rerank"] if args.probe_rerank else [])
     while sleep_while_alive(args.pid, args.interval):
-        error = probe(args.url, args.timeout)
+        error = next((e for e in (probe(args.url, args.timeout, m) for m in models) if e), "")
         if error and alive(args.pid):
             print(f"[watchdog] {time.strftime('%H:%M:%S')} {error.strip()}; stopping tritonserver {args.pid}",
                   file=sys.stderr, flush=True)

@@ -25,7 +25,9 @@ class GatedResult:
 
 class FakeEngine:
     """Row for a sequence: [first id, length, sum of ids, 0]; results wait for `gate`."""
-    hidden_size = 4
+    hidden_size = output_dim = 4
+    type_vocab_size = 2
+    task = "embed"
     vocab_size = 1000
     max_positions = 64
 

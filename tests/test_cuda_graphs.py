@@ -46,7 +46,8 @@ def test_pad_batch_uses_zero_length_dummies():
     batch = PackedBatch.from_sequences([np.array([5, 6, 7]), np.array([8, 9])])
     padded = pad_batch(batch, (4, 64))
     assert padded.cu_seqlens.tolist() == [0, 3, 5, 5, 5]
-    ids, positions, seq_ids = padded.token_data
+    ids, positions, seq_ids, token_types = padded.token_data
+    assert not token_types.any()
     assert ids[:5].tolist() == [5, 6, 7, 8, 9] and not ids[5:].any()
     assert positions[:5].tolist() == [0, 1, 2, 0, 1] and not positions[5:].any()
     assert seq_ids[:5].tolist() == [0, 0, 0, 1, 1] and (seq_ids[5:] == 4).all()  # scratch row = bucket size

@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from engine_lib.config import EncoderConfig, TokenizerConfig
+from engine_lib.config import EncoderConfig, PairTokenizerConfig, TokenizerConfig
 from rose_triton.parameters import env_overrides
 from test_deploy_image import image_env, instructions
 
@@ -96,9 +96,11 @@ def test_autoscaler_reads_the_metric_the_adapter_serves():
 
 def test_configmap_settings_reach_the_engine_configuration():
     settings = load("configmap.yaml")["data"]
-    fields = {f"ROSE_{name.upper()}" for cls in (EncoderConfig, TokenizerConfig)
-              for name in cls.__dataclass_fields__}
+    fields = {f"ROSE_{name.upper()}" for cls in (EncoderConfig, TokenizerConfig) for name in cls.__dataclass_fields__}
+    fields |= {f"ROSE_RERANK_{name.upper()}" for cls in (EncoderConfig, PairTokenizerConfig)
+               for name in cls.__dataclass_fields__}
     assert set(settings) <= fields
+    assert env_overrides(EncoderConfig, settings, prefix="ROSE_RERANK_") == {}  # no reranker by default
     encoder = EncoderConfig.from_parameters({}, **env_overrides(EncoderConfig, settings))
     assert encoder.max_batch_tokens == int(settings["ROSE_MAX_BATCH_TOKENS"])
     assert encoder.model_dir == settings["ROSE_MODEL_DIR"]

@@ -44,7 +44,8 @@ class PendingTensor:
 
 
 class ManualEngine:
-    hidden_size, max_positions, vocab_size = 4, 512, 1000
+    hidden_size = output_dim = 4
+    max_positions, vocab_size, type_vocab_size, task = 512, 1000, 1, "embed"
 
     def __init__(self):
         self.launched: list[PendingTensor] = []

@@ -43,7 +43,9 @@ def test_latency_stats_and_combine():
 def test_profiles_cover_the_seeds_four_scenarios():
     for name in ("seed", "cpu"):
         scenarios = {c.scenario for c in PROFILES[name].cells}
-        assert len(scenarios) == 4, name
+        assert len(scenarios) == 5, name  # the four, and scoring (2) again on a reranker (2r)
+        rerank = [c for c in PROFILES[name].cells if c.task == "score"]
+        assert [c.batch for c in rerank] == [5, 25, 50] and all(c.input == "tokens" for c in rerank), name
     seed = {c.key: c for c in PROFILES["seed"].cells}
     assert seed["s1-len4096"].seq_len == 4096 and seed["s3-len512"].batch == 100
     assert [c.concurrency for c in PROFILES["seed"].cells if c.scenario.startswith("4")] == [1, 2, 4, 8, 16]
@@ -112,3 +114,55 @@ def test_readme_section_is_replaced_in_place(tmp_path):
         report.update_readme(readme, report.readme_section([results_file], tmp_path))
     text = readme.read_text()
     assert text.count("## Performance") == 1 and text.count(report.README_BEGIN) == 1 and "3.00x" in text
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(model_dir, tmp_path_factory):
+    """A random-weight BERT cross-encoder, tiny, with the embedded model's real tokenizer (perf text windows)."""
+    import shutil
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("tiny-ce")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if os.path.isfile(os.path.join(model_dir, name)):
+            shutil.copy(os.path.join(model_dir, name), folder / name)
+    return str(folder)
+
+
+def test_scoring_requests_are_exact_pairs_checked_against_cross_encoder(tiny_cross_encoder):
+    from engine_lib.batch import PackedBatch
+    from engine_lib.engine import Engine
+    from engine_lib.options import RerankOptions
+    from engine_lib.outputs import ScoreOutput
+    from perf.scoring import PairRequests, ScoreReference, check_scores
+
+    requests = PairRequests(tiny_cross_encoder).requests(2, 5, 64)
+    assert all((r.seq_lens == 64).all() and len(r.texts) == 5 for r in requests)
+    assert all(set(r.token_types.tolist()) == {0, 1} and r.token_types.size == r.input_ids.size for r in requests)
+    engine = Engine(tiny_cross_encoder, device="cpu", task="score")
+    ours = []
+    for r in requests:
+        bounds = np.concatenate([[0], np.cumsum(r.seq_lens)])
+        split = lambda flat: [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        rows = engine.step(PackedBatch.from_sequences(split(r.input_ids), split(r.token_types))).wait()
+        ours.append(ScoreOutput(engine.score_activation).finish(rows, RerankOptions()))
+    reference = ScoreReference(tiny_cross_encoder)
+    want = [reference.scores(r) for r in requests]
+    assert check_scores(ours, want) < 1e-3
+    assert check_scores([o + 0.01 for o in ours], want) > 1e-3
+
+
+def test_score_cells_without_a_reranker_are_skipped(model_dir, tmp_path):
+    from perf.profiles import Profile
+    from perf.runner import run_profile
+
+    cell = [c for c in PROFILES["cpu"].cells if c.task == "score"][0]
+    model = {"dir": model_dir, "name": "default", "max_positions": 512, "config": {}}
+    target = type("Target", (), {"versions": {}})()
+    results = run_profile(Profile("t", "t", (cell,), ("rose",)), [cell], {"rose": target}, model, {},
+                          tmp_path / "r.json", {}, quiet=(1.0, 0))
+    assert results["cells"][0]["results"] == {"rose": {"skipped": "no reranker (--rerank-model-dir)"}}

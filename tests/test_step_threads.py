@@ -15,7 +15,7 @@ def test_threads_follow_each_steps_work_and_change_only_when_needed():
     calls = []
     engine = StepThreads(FakeEngine(), max_threads=4, flops_per_token=1e6, set_threads=calls.append,
                          min_flops_per_thread=50e6)
-    assert (engine.hidden_size, engine.max_positions, engine.vocab_size) == (4, 64, 1000)
+    assert (engine.output_dim, engine.max_positions, engine.vocab_size, engine.task) == (4, 64, 1000, "embed")
     assert [engine.threads_for(n) for n in (1, 99, 100, 149, 150, 10_000)] == [1, 1, 2, 2, 3, 4]
     for num_tokens in (10, 20, 120, 130, 10):
         engine.step(batch(num_tokens))

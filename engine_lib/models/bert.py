@@ -17,9 +17,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg["layer_norm_eps"])
         self.position_offset = position_offset
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                token_types: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.position_offset)
-        hidden = hidden + self.token_type_embeddings.weight[0]  # single-segment input
+        if token_types is None:
+            hidden = hidden + self.token_type_embeddings.weight[0]  # single-segment input
+        else:
+            hidden = hidden + self.token_type_embeddings(token_types)  # pairs: 0 for the query, 1 for the document
         return self.LayerNorm(hidden)  # [num_tokens, hidden]
 
 
@@ -77,7 +81,8 @@ class BertModel(nn.Module):
         (".output.LayerNorm.", ".mlp.LayerNorm."),
     )
     checkpoint_prefixes = ("bert.", "roberta.", "model.")
-    ignored_keys = ("pooler.", "embeddings.position_ids", "lm_head.", "cls.")
+    # Heads (pooler, classifier, LM) are loaded by engine_lib.models.heads, not here.
+    ignored_keys = ("pooler.", "embeddings.position_ids", "lm_head.", "cls.", "classifier.")
 
     @staticmethod
     def is_causal(cfg: dict) -> bool:
@@ -89,8 +94,9 @@ class BertModel(nn.Module):
         self.encoder = nn.ModuleDict({"layer": nn.ModuleList(BertLayer(cfg, backend) for _ in range(cfg["num_hidden_layers"]))})
         self.max_positions = cfg["max_position_embeddings"] - self.position_offset
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
-        hidden = self.embeddings(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan,
+                token_types: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.embeddings(input_ids, positions, token_types)
         for layer in self.encoder["layer"]:
             hidden = layer(hidden, plan)
         return hidden  # [num_tokens, hidden]

@@ -140,8 +140,9 @@ class Qwen3Model(nn.Module):
     def init_buffers(self) -> None:
         self.rotary.init_buffers()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan,
+                token_types: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # token_types: Qwen3 has no segments  # [num_tokens, hidden]
         for layer in self.layers:
             hidden = layer(hidden, positions, plan)
         return self.norm(hidden)  # [num_tokens, hidden]

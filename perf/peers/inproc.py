@@ -2,8 +2,9 @@
 
 Speaks length-prefixed pickles on stdin/stdout: ("embed", requests) ->
 embeddings, ("latency", ...), ("throughput", ...), ("info",), ("quit",).
-Backends: `st` (sentence-transformers encode) and `ort` (ONNX Runtime on an
-optimum O2 export, padding each batch, mean pooling, L2 normalisation).
+Backends: `st` (sentence-transformers encode), `ort` (ONNX Runtime on an
+optimum O2 export, padding each batch, mean pooling, L2 normalisation) and
+`ce` (sentence-transformers CrossEncoder.predict on (query, document) pairs).
 """
 from __future__ import annotations
 
@@ -55,7 +56,19 @@ def onnxruntime_encoder(onnx_dir: str, max_length: int):
     return encode, ["onnxruntime", "optimum-onnx", "tokenizers"]
 
 
-BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder}
+def cross_encoder_scorer(model_dir: str, max_length: int):
+    """Reranker peer: CrossEncoder.predict on (query, document) pairs (sigmoid for one logit)."""
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(model_dir, max_length=max_length)  # CUDA where there is one
+
+    def score(pairs):
+        return model.predict(list(pairs), batch_size=len(pairs))
+
+    return score, ["sentence-transformers", "torch", "transformers", "tokenizers"]
+
+
+BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder, "ce": cross_encoder_scorer}
 
 
 def serve(encode, package_versions, rx, tx):

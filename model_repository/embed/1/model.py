@@ -1,10 +1,16 @@
-"""Unary entry point: forwards TEXT to the decoupled `ensemble` through BLS."""
+"""Unary entry point: forwards its inputs to a decoupled ensemble through BLS.
+
+The same file serves every unary front of the assembled repository: `embed`
+(-> `ensemble`, EMBEDDINGS) and `score` (-> `rerank`, SCORES). The target is
+the `target_model` parameter; inputs and outputs are those config.pbtxt declares.
+"""
 import asyncio
 import json
 
 import triton_python_backend_utils as pb_utils
 
 from rose_triton.errors import code_name_from_message
+from rose_triton.parameters import config_parameters, input_names, output_names
 
 
 def _error_response(error):
@@ -15,6 +21,10 @@ def _error_response(error):
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.target = config_parameters(args).get("target_model", "ensemble")
+        self.inputs, self.outputs = input_names(args), output_names(args)
+
     async def execute(self, requests):
         return await asyncio.gather(*(self._forward(request) for request in requests))
 
@@ -25,15 +35,15 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {exc}"))
 
     async def _call_ensemble(self, request):
-        text = pb_utils.get_input_tensor_by_name(request, "TEXT")
+        inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in self.inputs) if t is not None]
         bls = pb_utils.InferenceRequest(
-            model_name="ensemble", inputs=[text], requested_output_names=["EMBEDDINGS"],
+            model_name=self.target, inputs=inputs, requested_output_names=self.outputs,
             parameters=json.loads(request.parameters() or "{}"))
         responses = await bls.async_exec(decoupled=True)
         for response in responses:
             if response.has_error():
                 return _error_response(response.error())
-            embeddings = pb_utils.get_output_tensor_by_name(response, "EMBEDDINGS")
-            if embeddings is not None:
-                return pb_utils.InferenceResponse(output_tensors=[embeddings])
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError("ensemble returned no EMBEDDINGS"))
+            tensors = [pb_utils.get_output_tensor_by_name(response, n) for n in self.outputs]
+            if all(t is not None for t in tensors):
+                return pb_utils.InferenceResponse(output_tensors=tensors)
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.target} returned no {self.outputs}"))

@@ -1,0 +1,1 @@
+../../../../model_repository/rose_encoder/1/model.py

@@ -1,0 +1,1 @@
+../../../../model_repository/embed/1/model.py
