@@ -23,6 +23,7 @@ class SdpaPlan:
 class SdpaBackend:
     name = "sdpa"
     supports_graphs = False
+    graph_keys_max_seqlen = False
 
     def __init__(self, causal: bool):
         self.causal = causal
@@ -37,7 +38,7 @@ class SdpaBackend:
             groups.append(host_tensor(index, device).to(device, non_blocking=True))
         return SdpaPlan(tuple(groups))
 
-    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device):
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int):
         raise NotImplementedError("the sdpa backend's plan depends on sequence lengths; it cannot be graphed")
 
     def update_graph_plan(self, plan, cu_seqlens: np.ndarray) -> None:
