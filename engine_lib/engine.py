@@ -75,8 +75,15 @@ class Engine:
         self.hidden_size = cfg["hidden_size"]
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.stats = GraphStats()
+        self._graph_settings = (cuda_graphs, max_graphs, graph_capture)
         self.graphs = self._graph_runner(cuda_graphs, max_graph_tokens, max_graph_seqs, max_graphs, graph_capture)
         self.self_check_cosine = self._self_check(torch.float32 if self_check else self.dtype)
+
+    def set_graph_grid(self, max_tokens: int, max_seqs: int) -> None:
+        """Resize the graph grid (before serving: graphs captured so far are dropped)."""
+        if self.graphs is not None:
+            mode, max_graphs, capture = self._graph_settings
+            self.graphs = self._graph_runner(mode, max_tokens, max_seqs, max_graphs, capture)
 
     def _build_model(self, backend, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
         """(layers, head) from the folder's weights, on the device in `dtype`."""
