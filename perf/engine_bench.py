@@ -107,7 +107,7 @@ def main() -> None:
     import torch
     from transformers import Qwen3Model
 
-    from engine_lib.config import resolve_model_dir
+    from engine_lib.model_folder import resolve_model_dir
     from engine_lib.engine import Engine
     from tiny_models import qwen3_config, save_random_model
 
