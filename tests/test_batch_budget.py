@@ -55,3 +55,29 @@ def test_config_takes_auto():
     assert EncoderConfig.from_parameters({}).max_graph_tokens == 0  # graphs cover the batches by default
     with pytest.raises(ValueError, match="max_batch_sequences"):
         EncoderConfig.from_parameters({"max_batch_sequences": "auto"})
+
+
+def rerun_capture(fn):
+    output = fn()
+    return (lambda: output.copy_(fn())), output
+
+
+def test_built_encoder_measures_the_budget_and_its_graph_grid_covers_every_batch(tmp_path):
+    from transformers import Qwen3Model
+
+    from engine_lib.build import build_encoder
+
+    save_random_model(Qwen3Model, qwen3_config(), tmp_path, seed=52)
+    config = EncoderConfig.from_parameters({"model_dir": str(tmp_path), "device": "cpu", "max_batch_tokens": "auto",
+                                            "max_batch_sequences": "32", "attention_backend": "masked",
+                                            "cuda_graphs": "on"})
+    encoder = build_encoder(config, graph_capture=rerun_capture)
+    try:
+        service, engine = encoder.service, encoder.service.engine
+        assert 64 <= service.max_batch_tokens <= 8192 and service.max_batch_tokens & (service.max_batch_tokens - 1) == 0
+        assert engine.graphs.buckets.covers(max(service.max_batch_tokens, engine.max_positions), 32)
+        gauges = encoder.gauges()
+        assert gauges["rose_batch_token_budget"] == service.max_batch_tokens
+        assert gauges["rose_self_check_cosine"] == engine.self_check_cosine == 1.0  # float32: nothing to compare
+    finally:
+        encoder.close(5)
