@@ -65,3 +65,15 @@ def test_cuda_driver_mismatch_names_both_versions(driver_cuda, driver, available
     reason = cuda_mismatch("2.13.0", "13.0", driver_cuda, driver, available)
     assert reason is None if expected is None else expected in reason
     assert cuda_mismatch("2.13.0+cpu", None, 12040, "550.54.14", False) is None  # CPU build: nothing to fit
+
+
+def test_deploy_docs_and_image_state_the_driver_the_code_checks():
+    from pathlib import Path
+
+    from engine_lib.cuda_env import MIN_DRIVER
+
+    repo = Path(__file__).resolve().parents[1]
+    wheel_cuda = 13  # PyPI's torch 2.13.0 Linux wheel depends on cuda-toolkit 13.0.x
+    assert "torch==2.13.0" in (repo / "docker" / "requirements-image.txt").read_text()
+    for path in (repo / "docs" / "deploy.md", repo / "docker" / "Dockerfile"):
+        assert f">= {MIN_DRIVER[wheel_cuda]}" in path.read_text(), path
