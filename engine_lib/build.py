@@ -25,8 +25,9 @@ def build_encoder(config: EncoderConfig, **engine_options) -> Encoder:
     # The graph grid covers every batch the scheduler can form: up to the token budget (the
     # largest auto may pick), or one sequence of the model's maximum length, which leaves alone.
     budget_bound = config.max_batch_tokens if config.max_batch_tokens != AUTO else LADDER_MAX
-    engine.set_graph_grid(config.max_graph_tokens or max(budget_bound, engine.max_positions),
-                          config.max_graph_seqs or config.max_batch_sequences)
+    engine.set_graph_grid(
+        max(budget_bound, engine.max_positions) if config.max_graph_tokens == AUTO else config.max_graph_tokens,
+        config.max_batch_sequences if config.max_graph_seqs == AUTO else config.max_graph_seqs)
     max_batch_tokens = config.max_batch_tokens
     if max_batch_tokens == AUTO:
         max_batch_tokens = auto_batch_tokens(engine)

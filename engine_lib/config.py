@@ -7,7 +7,7 @@ from typing import Mapping
 
 from .model_folder import DEFAULT_MODEL
 
-AUTO = 0  # integer settings that also take "auto" store it as 0
+AUTO = -1  # integer settings that also take "auto" store it as -1
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -125,16 +125,19 @@ class EncoderConfig:
             raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
                      "max_queued_tokens", "max_queued_requests"):
-            if getattr(self, name) < (0 if name in self.AUTO_FIELDS else 1):
-                raise ValueError(f"{name} must be >= 1 (or auto), got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
+                raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graphs must be auto, on or off, got {self.cuda_graphs!r}")
-        if (self.max_graph_tokens != AUTO and self.max_graph_tokens < 64) or self.max_graph_seqs < 0:
-            raise ValueError("max_graph_tokens must be auto or >= 64, max_graph_seqs auto or >= 1")
+        if self.max_graph_tokens != AUTO and self.max_graph_tokens < 64:
+            raise ValueError(f"max_graph_tokens must be >= 64 (or auto), got {self.max_graph_tokens}")
+        if self.max_graph_seqs != AUTO and self.max_graph_seqs < 1:
+            raise ValueError(f"max_graph_seqs must be >= 1 (or auto), got {self.max_graph_seqs}")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0 = torch default)")
 

@@ -51,8 +51,12 @@ def test_timer_uses_the_engine_and_the_injected_clock(tmp_path):
 
 
 def test_config_takes_auto():
-    assert EncoderConfig.from_parameters({"max_batch_tokens": "auto"}).max_batch_tokens == 0
-    assert EncoderConfig.from_parameters({}).max_graph_tokens == 0  # graphs cover the batches by default
+    from engine_lib.config import AUTO
+
+    assert EncoderConfig.from_parameters({"max_batch_tokens": "auto"}).max_batch_tokens == AUTO
+    assert EncoderConfig.from_parameters({}).max_graph_tokens == AUTO  # graphs cover the batches by default
+    with pytest.raises(ValueError, match="max_batch_tokens must be >= 1"):
+        EncoderConfig.from_parameters({"max_batch_tokens": "0"})
     with pytest.raises(ValueError, match="max_batch_sequences"):
         EncoderConfig.from_parameters({"max_batch_sequences": "auto"})
 
