@@ -4,7 +4,8 @@
   (same token ids, in its own venv: `python -m perf setup ort` first);
 - model FLOP/s at 32 x 256 tokens as a fraction of the dense-GEMM FLOP/s measured in the same run;
 - the same for a random-weight Qwen3 of the 0.6B shape cut to a few layers (no ORT export of it).
-Medians of short runs; the machine's load is recorded before and after (shared machines vary).
+Ours and ORT run in alternating blocks (median and best per system), so a busy machine slows both
+alike; GEMM is measured before and after; load average and CPU busy are recorded.
 """
 from __future__ import annotations
 
