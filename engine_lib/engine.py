@@ -14,6 +14,7 @@ from .loader import load_weights
 from .model_folder import ModelFolder
 from .models import model_class
 from .models.heads import build_head
+from .pooling import pool
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_MODES = ("auto", "on", "off")
@@ -102,25 +103,29 @@ class Engine:
 
     @torch.inference_mode()
     def _self_check(self, reference_dtype: torch.dtype) -> float:
-        """Probe batch through the served path (warm-up); vs `reference_dtype` when the served dtype differs."""
+        """Probe batch through the served path (warm-up); then, when the served dtype differs from
+        `reference_dtype`, the probes' mean-pooled final hidden states vs a `reference_dtype` copy
+        (the layers are what the dtype changes; a score head's single logit is no vector to compare)."""
         batch = probes.probe_batch(self.vocab_size, self.max_positions)
-        served = self.forward_eager(batch).cpu().numpy()
+        self.forward_eager(batch).cpu()
         if self.dtype == reference_dtype:
             return 1.0
+        served = self._probe_rows(self.model, self.backend, batch)
         backend = select_backend("sdpa", self.device, reference_dtype, self.attention_shape)
-        model, head = self._build_model(backend, reference_dtype)
+        model, _ = self._build_model(backend, reference_dtype)
+        reference = self._probe_rows(model, backend, batch)
+        del model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return probes.check(served, reference, str(self.dtype).removeprefix("torch."), self.device.type)
+
+    def _probe_rows(self, model, backend, batch: PackedBatch) -> np.ndarray:
         plan = backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
         token_data = torch.from_numpy(np.stack([batch.input_ids, batch.positions, batch.seq_ids])).to(self.device)
         token_types = torch.zeros_like(token_data[0]) if self.type_vocab_size > 1 else None
         hidden = model(token_data[0], token_data[1], plan, token_types)
-        reference = head(hidden, torch.from_numpy(batch.cu_seqlens).to(self.device), token_data[2])
-        del model, head
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        reference = reference.float().cpu().numpy()
-        if self.output_dim == 1:  # scores: one vector over the probes, not one number per row
-            served, reference = served.reshape(1, -1), reference.reshape(1, -1)
-        return probes.check(served, reference, str(self.dtype).removeprefix("torch."), self.device.type)
+        rows = pool(hidden, torch.from_numpy(batch.cu_seqlens).to(self.device), token_data[2], "mean")
+        return rows.float().cpu().numpy()
 
     def _graph_runner(self, mode: str, max_tokens: int, max_seqs: int, max_graphs: int | None,
                       capture: Capture | None) -> GraphRunner | None:

@@ -77,3 +77,12 @@ def test_deploy_docs_and_image_state_the_driver_the_code_checks():
     assert "torch==2.13.0" in (repo / "docker" / "requirements-image.txt").read_text()
     for path in (repo / "docs" / "deploy.md", repo / "docker" / "Dockerfile"):
         assert f">= {MIN_DRIVER[wheel_cuda]}" in path.read_text(), path
+
+
+@pytest.mark.parametrize("kind", ["bert", "qwen3"])
+def test_rerankers_in_bfloat16_pass_on_their_hidden_states(tmp_path, kind):
+    from tiny_rerankers import save_reranker
+
+    save_reranker(kind, tmp_path)
+    engine = Engine(str(tmp_path), device="cpu", dtype="bfloat16", task="score")
+    assert 0.999 <= engine.self_check_cosine < 1.0
