@@ -63,7 +63,7 @@ class AsyncDispatcher:
         self.on_retry = on_retry
         self.inflight: dict[str, int] = {}
         self._workers: dict[str, list[asyncio.Task]] = {}
-        self._cond: asyncio.Condition | None = None
+        self._wakeup: asyncio.Future | None = None  # resolved (and replaced) when the queue changes
         self._closing = False
 
     @property
@@ -71,7 +71,7 @@ class AsyncDispatcher:
         return list(self.tasks.replicas)
 
     async def start(self) -> None:
-        self._cond = asyncio.Condition()
+        self._wakeup = asyncio.get_running_loop().create_future()
         self.set_replicas(self.urls)
 
     def set_replicas(self, urls: Sequence[str]) -> None:
@@ -89,6 +89,7 @@ class AsyncDispatcher:
 
     async def close(self) -> None:
         self._closing = True
+        self._notify_all()
         workers = [w for ws in self._workers.values() for w in ws]
         for worker in workers:
             worker.cancel()
@@ -110,31 +111,26 @@ class AsyncDispatcher:
         return [job.results[c.index] for c in chunks]
 
     def _notify_all(self) -> None:
-        if self._cond is not None:
-            asyncio.get_running_loop().create_task(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+        """Wake every idle worker (the loop is single-threaded: no lock is needed)."""
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+            self._wakeup = asyncio.get_running_loop().create_future()
 
     async def _take(self, url: str) -> Task | None:
-        async with self._cond:
-            while not self._closing and url in self.tasks.replicas:
-                now = time.monotonic()
-                if (failure := self.tasks.unavailable_message(now)) is not None:
-                    for task in list(self.tasks.pending):
-                        task.job.fail(JobFailed(failure))
-                    self.tasks.drop(lambda t: False)
+        while not self._closing and url in self.tasks.replicas:
+            now = time.monotonic()
+            if (failure := self.tasks.unavailable_message(now)) is not None:
+                for task in list(self.tasks.pending):
+                    task.job.fail(JobFailed(failure))
+                self.tasks.drop(lambda t: False)
+            task = self.tasks.take(url, now)
+            while task is not None and task.job.done.done():  # its job failed or left
                 task = self.tasks.take(url, now)
-                while task is not None and task.job.done.done():  # its job failed or left
-                    task = self.tasks.take(url, now)
-                if task is not None:
-                    return task
-                try:
-                    await asyncio.wait_for(self._cond.wait(), min(max(self.tasks.wait_s(url, now), 0.05), 1.0))
-                except asyncio.TimeoutError:
-                    pass
-            return None
+            if task is not None:
+                return task
+            # asyncio.wait neither cancels the shared future on timeout nor when this worker is cancelled
+            await asyncio.wait([self._wakeup], timeout=min(max(self.tasks.wait_s(url, now), 0.05), 1.0))
+        return None
 
     async def _work(self, url: str) -> None:
         slot = self.slot_factory(url)
