@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine_lib.config import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused
 from rose_client.dispatch import JobFailed
 
@@ -38,7 +39,9 @@ def json_response(body, status: int = 200) -> Response:
 def served_model_name(config: GatewayConfig, model_dir: str) -> str:
     if config.model_name:
         return config.model_name
-    return os.path.basename(os.path.normpath(model_dir)) if config.model_dir else DEFAULT_MODEL_NAME
+    if config.model_dir in ("", DEFAULT_MODEL):
+        return DEFAULT_MODEL_NAME
+    return os.path.basename(os.path.normpath(model_dir))
 
 
 class Gateway:

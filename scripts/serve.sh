@@ -12,13 +12,14 @@
 # e.g. ROSE_MAX_BATCH_TOKENS), ROSE_RERANK_MODEL_DIR (a reranker folder: also
 # serve `rerank` and `score`; ROSE_RERANK_<PARAMETER> overrides the reranker's
 # parameters), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
-# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_WATCHDOG=0
+# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_GATEWAY=0
+# (same as --no-gateway), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
 MODEL_REPOSITORY="$ROOT/model_repository"
-GATEWAY=1 GATEWAY_PORT=8080
+GATEWAY="${ROSE_GATEWAY:-1}" GATEWAY_PORT=8080
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
