@@ -144,10 +144,12 @@ def test_models_health_and_metrics(server, client):
 
 @pytest.fixture(scope="module")
 def strict_gateway(server, tmp_path_factory):
-    """A second gateway alone on the same Triton: API keys and a small pending-token bound."""
+    """A second gateway alone on the same Triton, found through DNS (dns:///localhost:port):
+    API keys and a small pending-token bound."""
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("# one key a line\nfirst-key-0123456789\nsecond-key-0123456789\n")
-    gateway = GatewayProcess(keys.parent / "gateway.log", [server.grpc_url],
+    port = server.grpc_url.rsplit(":", 1)[1]
+    gateway = GatewayProcess(keys.parent / "gateway.log", [f"dns:///localhost:{port}"],
                              ["--api-key-file", str(keys), "--max-pending-tokens", "64"])
     yield gateway
     gateway.stop()
