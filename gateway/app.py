@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine_lib.config import DEFAULT_MODEL
+from engine_lib.model_folder import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused
 from rose_client.dispatch import JobFailed
 

@@ -4,18 +4,17 @@ the launcher's ROSE_* overrides), so the ids equal the ensemble path's."""
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine_lib.config import TokenizerConfig, resolve_model_dir
+from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
+from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization import TextTokenizer
-from engine_lib.triton_adapter import env_overrides
+from rose_triton.parameters import env_overrides
 
 from .errors import bad_request, too_large
 
@@ -59,11 +58,11 @@ class GatewayTokenizer:
         if model_dir:
             overrides["model_dir"] = model_dir
         self.config = TokenizerConfig.from_parameters(read_pbtxt_parameters(tokenizer_config), **overrides)
-        self.model_dir = resolve_model_dir(self.config.model_dir)
-        self.text = TextTokenizer(self.model_dir, self.config)
+        folder = ModelFolder.open(self.config.model_dir)
+        self.model_dir = folder.path
+        self.text = TextTokenizer(folder, self.config)
         self.max_length = self.text.max_length
-        with open(os.path.join(self.model_dir, "config.json")) as f:
-            vocab_size = json.load(f).get("vocab_size")
+        vocab_size = folder.config.get("vocab_size")
         self.vocab_size = vocab_size if isinstance(vocab_size, int) else self.text._full.get_vocab_size(True)
 
     def check_texts(self, texts: list[str]) -> None:

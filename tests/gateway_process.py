@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from triton_server import REPO, free_port
+from rose_triton.server import REPO, free_port
 
 
 class GatewayProcess:

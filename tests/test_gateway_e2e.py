@@ -17,7 +17,7 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization import TextTokenizer
 from gateway_process import GatewayProcess
-from triton_server import free_port
+from rose_triton.server import free_port
 
 MODEL = "all-MiniLM-L6-v2"
 TEXTS = ["What is the capital of France?", "Paris is the capital of France.", "Ünïcödé and emoji 🚀 work too",

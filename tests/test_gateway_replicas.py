@@ -16,7 +16,7 @@ import pytest
 
 from embed_clients import embed_stream
 from gateway_process import GatewayProcess
-from triton_server import TritonServer
+from rose_triton.server import TritonServer
 
 MODEL = "all-MiniLM-L6-v2"
 WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
