@@ -25,7 +25,7 @@ WORDS = ("vector search index shard replica token batch kernel graph query docum
 
 def make_texts(num_texts, seed):
     rng = random.Random(seed)
-    return [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40))) for i in range(num_texts)]
+    return [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) for i in range(num_texts)]
 
 
 def cosine(a, b):
@@ -88,7 +88,7 @@ def test_thousand_texts_over_two_replicas_equal_ensemble_and_reference(gateway, 
 def test_killing_a_replica_mid_job_loses_and_duplicates_nothing(gateway, replicas):
     """Runs last in this module: it kills replica B."""
     a, b = replicas
-    texts = make_texts(1000, seed=2)
+    texts = make_texts(800, seed=2)
     before = replica_metrics(gateway, "gateway_replica_chunks_completed")
     result = {}
     job = threading.Thread(target=lambda: result.setdefault("rows", embed(gateway, texts)))
