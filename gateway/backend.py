@@ -21,7 +21,6 @@ log = logging.getLogger("gateway")
 
 ENCODER = "rose_encoder"
 RERANKER = "rerank"
-RETRY = RetryPolicy(max_attempts=4, base_cooldown_s=0.1, max_cooldown_s=2.0, max_unavailable_s=10.0)
 
 
 class Backend:
@@ -36,7 +35,9 @@ class Backend:
 
     async def start(self) -> None:
         urls = await self._resolve()
-        self.dispatcher = AsyncDispatcher(urls, self._slot, self.config.max_inflight_per_replica, RETRY,
+        retry = RetryPolicy(max_attempts=self.config.max_chunk_attempts, base_cooldown_s=0.1, max_cooldown_s=2.0,
+                            max_unavailable_s=10.0)
+        self.dispatcher = AsyncDispatcher(urls, self._slot, self.config.max_inflight_per_replica, retry,
                                           on_retry=lambda url, exc: self.metrics.retries.labels(url).inc())
         await self.dispatcher.start()
         await self._check_health()

@@ -23,6 +23,7 @@ class GatewayConfig:
     rerank_model_name: str = "rerank"
     api_keys: frozenset[str] = field(default_factory=frozenset)
     max_inflight_per_replica: int = 4
+    max_chunk_attempts: int = 4         # failures of one chunk before its request fails (429/503)
     max_chunk_tokens: int = 2048
     max_chunk_texts: int = 128
     max_rerank_chunk_documents: int = 64
@@ -35,7 +36,7 @@ class GatewayConfig:
     def __post_init__(self):
         if not self.triton:
             raise ValueError("give at least one --triton address")
-        for name in ("max_inflight_per_replica", "max_chunk_tokens", "max_chunk_texts",
+        for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
                      "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -66,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--rerank-model-name", default=os.environ.get("ROSE_RERANK_MODEL_NAME", "rerank"))
     p.add_argument("--api-key-file", default=os.environ.get("ROSE_GATEWAY_API_KEY_FILE"),
                    help="require Authorization: Bearer with one of these keys (also ROSE_GATEWAY_API_KEYS)")
-    for name in ("max_inflight_per_replica", "max_chunk_tokens", "max_chunk_texts", "max_rerank_chunk_documents",
+    for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
+                 "max_rerank_chunk_documents",
                  "max_pending_tokens", "max_body_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(GatewayConfig, name))
     p.add_argument("--request-timeout", type=float, default=GatewayConfig.request_timeout_s)
@@ -75,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         triton=tuple(args.triton or GatewayConfig.triton), host=args.host, port=args.port,
         model_dir=args.model_dir, model_name=args.model_name, tokenizer_config=args.tokenizer_config,
         rerank_model_name=args.rerank_model_name, api_keys=read_api_keys(args.api_key_file),
-        max_inflight_per_replica=args.max_inflight_per_replica, max_chunk_tokens=args.max_chunk_tokens,
+        max_inflight_per_replica=args.max_inflight_per_replica, max_chunk_attempts=args.max_chunk_attempts,
+        max_chunk_tokens=args.max_chunk_tokens,
         max_chunk_texts=args.max_chunk_texts, max_rerank_chunk_documents=args.max_rerank_chunk_documents,
         max_pending_tokens=args.max_pending_tokens, max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout)

@@ -39,6 +39,9 @@ class ReplicaChannel:
     def __init__(self, url: str):
         self.url = url
         self.client = aioclient.InferenceServerClient(url)
+        # Bumped when a stream of this replica breaks (e.g. the server restarted):
+        # the other slots' idle streams are as dead, so each reopens before its next call.
+        self.generation = 0
 
     async def is_ready(self, model: str | None = None, timeout: float = 2.0) -> bool:
         try:
@@ -59,6 +62,7 @@ class AsyncStreamSlot:
         self.request_timeout = request_timeout
         self._requests: asyncio.Queue | None = None
         self._responses = None
+        self._generation = 0
 
     async def call(self, call: Call) -> np.ndarray:
         """-> the output array; raises ReplicaError (and resets the stream)."""
@@ -78,10 +82,10 @@ class AsyncStreamSlot:
             await self.close()
             raise ReplicaError(self.url, exc.message()) from None
         except grpc.RpcError as exc:
-            await self.close()
+            self._broken()
             raise ReplicaError(self.url, f"[{exc.code()}] {exc.details()}") from None
         except StopAsyncIteration:
-            await self.close()
+            self._broken()
             raise ReplicaError(self.url, "stream closed by the server") from None
         if error is not None:
             await self.close()
@@ -96,10 +100,17 @@ class AsyncStreamSlot:
     async def is_ready(self) -> bool:
         return await self.channel.is_ready()
 
+    def _broken(self) -> None:
+        self.channel.generation += 1
+        self._reset()
+
     def _open(self) -> None:
+        if self._responses is not None and self._generation != self.channel.generation:
+            self._reset()
         if self._responses is None:
             self._requests = asyncio.Queue()
             self._responses = self.channel.client.stream_infer(_feed(self._requests))
+            self._generation = self.channel.generation
 
     async def close(self) -> None:
         self._reset()

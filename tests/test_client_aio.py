@@ -157,3 +157,62 @@ def test_replicas_can_change_while_running():
     replicas, first, second = asyncio.run(scenario())
     assert_rows_in_order([first, second], 50)
     assert replicas["a"].calls == 10 and replicas["b"].calls + replicas["c"].calls == 10
+
+
+class FakeStreamClient:
+    """Stands in for tritonclient.grpc.aio's client: each stream answers requests in order
+    until it is broken, then raises a gRPC error on its next read."""
+
+    def __init__(self):
+        self.streams = []
+
+    def stream_infer(self, requests):
+        import grpc
+
+        client = self
+
+        class Stream:
+            broken, cancelled = False, False
+
+            def __init__(self):
+                client.streams.append(self)
+
+            async def __anext__(self):
+                request = await requests.__anext__()
+                if self.broken:
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "Socket closed")
+
+                class Result:
+                    def as_numpy(self, name):
+                        return np.full((1, 2), len(client.streams), dtype=np.float32)
+
+                return Result(), None
+
+            def cancel(self):
+                self.cancelled = True
+
+        return Stream()
+
+
+def test_a_broken_stream_makes_every_slot_of_that_replica_reopen():
+    """After a server restart all idle streams to it are dead: the first slot to see
+    it marks the replica's streams stale, so the others reopen instead of failing too."""
+    from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+
+    async def scenario():
+        channel = ReplicaChannel.__new__(ReplicaChannel)
+        channel.url, channel.client, channel.generation = "fake:1", FakeStreamClient(), 0
+        slots = [AsyncStreamSlot(channel) for _ in range(3)]
+        call = Call("m", {"X": np.zeros(1, dtype=np.int64)}, "Y", rows=1)
+        for slot in slots:
+            await slot.call(call)
+        for stream in channel.client.streams:
+            stream.broken = True  # the server went away
+        with pytest.raises(ReplicaError, match="UNAVAILABLE"):
+            await slots[0].call(call)
+        rows = [await slot.call(call) for slot in slots[1:]]
+        return channel.client.streams, rows
+
+    streams, rows = asyncio.run(scenario())
+    assert len(streams) == 5 and all(s.cancelled for s in streams[:3])  # three old, two reopened
+    assert [r.shape for r in rows] == [(1, 2), (1, 2)]
