@@ -63,7 +63,8 @@ class AsyncDispatcher:
         self.on_retry = on_retry
         self.inflight: dict[str, int] = {}
         self._workers: dict[str, list[asyncio.Task]] = {}
-        self._wakeup: asyncio.Future | None = None  # resolved (and replaced) when the queue changes
+        self._idle: dict[str, list[asyncio.Future]] = {}  # per replica: futures of workers waiting for work
+        self._started = False
         self._closing = False
 
     @property
@@ -71,7 +72,7 @@ class AsyncDispatcher:
         return list(self.tasks.replicas)
 
     async def start(self) -> None:
-        self._wakeup = asyncio.get_running_loop().create_future()
+        self._started = True
         self.set_replicas(self.urls)
 
     def set_replicas(self, urls: Sequence[str]) -> None:
@@ -101,7 +102,7 @@ class AsyncDispatcher:
             return []
         job = _Job(chunks, payload_of)
         self.tasks.push(Task(c, job) for c in chunks)
-        self._notify_all()
+        self._wake(len(chunks))
         try:
             await job.done
         finally:
@@ -111,10 +112,28 @@ class AsyncDispatcher:
         return [job.results[c.index] for c in chunks]
 
     def _notify_all(self) -> None:
-        """Wake every idle worker (the loop is single-threaded: no lock is needed)."""
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
-            self._wakeup = asyncio.get_running_loop().create_future()
+        """Wake every idle worker (after a failure or a change of replicas)."""
+        self._wake(None)
+
+    def _wake(self, count: int | None) -> None:
+        """Wake `count` idle workers (None: all), least busy replicas first, one per replica
+        per round; workers of resting replicas stay asleep (they wake when the rest ends).
+        The loop is single-threaded: no lock is needed."""
+        if not self._started:
+            return
+        now = time.monotonic()
+        ready = sorted((u for u, idle in self._idle.items() if idle and (count is None or self.tasks.wait_s(u, now) == 0)),
+                       key=lambda u: self.inflight.get(u, 0))
+        while ready and (count is None or count > 0):
+            for url in list(ready):
+                if count is not None and count <= 0:
+                    break
+                waiter = self._idle[url].pop()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    count = None if count is None else count - 1
+                if not self._idle[url]:
+                    ready.remove(url)
 
     async def _take(self, url: str) -> Task | None:
         while not self._closing and url in self.tasks.replicas:
@@ -128,8 +147,14 @@ class AsyncDispatcher:
                 task = self.tasks.take(url, now)
             if task is not None:
                 return task
-            # asyncio.wait neither cancels the shared future on timeout nor when this worker is cancelled
-            await asyncio.wait([self._wakeup], timeout=min(max(self.tasks.wait_s(url, now), 0.05), 1.0))
+            waiter = asyncio.get_running_loop().create_future()
+            idle = self._idle.setdefault(url, [])
+            idle.append(waiter)
+            try:
+                await asyncio.wait([waiter], timeout=min(max(self.tasks.wait_s(url, now), 0.05), 1.0))
+            finally:
+                if waiter in idle:
+                    idle.remove(waiter)
         return None
 
     async def _work(self, url: str) -> None:
