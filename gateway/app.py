@@ -113,7 +113,7 @@ class Gateway:
         return await asyncio.get_running_loop().run_in_executor(
             self.pool, self.tokenizer.encode_texts, req.texts, req.input_type, req.truncate)
 
-    async def _dispatch(self, job, num_tokens: int):
+    async def _dispatch(self, job, num_tokens: int, param: str = "input"):
         """Run a backend job under the pending-token bound; map its failure to a status."""
         try:
             self.admit(num_tokens)
@@ -125,7 +125,7 @@ class Gateway:
             return await job
         except ChunkRefused as exc:
             message = str(exc.error).split("invalid input: ", 1)[-1]
-            raise bad_request(message, "dimensions" if "'dimensions'" in message else "input") from None
+            raise bad_request(message, "dimensions" if "'dimensions'" in message else param) from None
         except JobFailed as exc:
             if exc.last_error is not None and exc.last_error.overloaded:
                 raise ApiError(429, f"the encoders are overloaded: {exc}", None, "rate_limit_exceeded",
@@ -145,7 +145,7 @@ class Gateway:
             raise model_not_found(req.model or name, [], ": no reranker is served (start the launcher with "
                                                          "--rerank-model-dir)")
         scores = await self._dispatch(self.backend.rerank(req.query, req.documents, req.parameters),
-                                      len(req.documents))
+                                      len(req.documents), "documents")
         self.metrics.inputs.labels("rerank").inc(len(req.documents))
         return json_response(rerank.render_results(req, scores, name))
 

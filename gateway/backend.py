@@ -78,6 +78,8 @@ class Backend:
         for url, now_ready in zip(urls, ready):
             if self.ready.get(url) != now_ready:
                 log.info("replica %s %s", url, "ready" if now_ready else "not ready")
+            if not now_ready:  # e.g. stopping: let it exit without waiting for our idle streams
+                self._channel(url).drop_idle_streams()
         self.ready, self.rerank_ready = dict(zip(urls, ready)), dict(zip(urls, rerank))
 
     async def _health_loop(self) -> None:

@@ -42,12 +42,22 @@ class ReplicaChannel:
         # Bumped when a stream of this replica breaks (e.g. the server restarted):
         # the other slots' idle streams are as dead, so each reopens before its next call.
         self.generation = 0
+        self.slots: list[AsyncStreamSlot] = []
+
+    def drop_idle_streams(self) -> None:
+        """Close the streams no call is using: a stopping Triton waits for open streams
+        (up to its exit timeout) before it exits."""
+        self.generation += 1
+        for slot in self.slots:
+            if not slot.busy:
+                slot._reset()
 
     async def is_ready(self, model: str | None = None, timeout: float = 2.0) -> bool:
+        """Server ready (false while it stops), and `model` ready when given."""
         try:
-            if model is None:
-                return await self.client.is_server_ready(client_timeout=timeout)
-            return await self.client.is_model_ready(model, client_timeout=timeout)
+            if not await self.client.is_server_ready(client_timeout=timeout):
+                return False
+            return model is None or await self.client.is_model_ready(model, client_timeout=timeout)
         except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
             return False
 
@@ -63,11 +73,14 @@ class AsyncStreamSlot:
         self._requests: asyncio.Queue | None = None
         self._responses = None
         self._generation = 0
+        self.busy = False
+        channel.slots.append(self)
 
     async def call(self, call: Call) -> np.ndarray:
         """-> the output array; raises ReplicaError (and resets the stream)."""
         request = {"model_name": call.model, "inputs": [_tensor(n, a) for n, a in call.inputs.items()],
                    "outputs": [InferRequestedOutput(call.output)], "parameters": call.parameters or None}
+        self.busy = True
         try:
             self._open()
             await self._requests.put(request)
@@ -87,6 +100,8 @@ class AsyncStreamSlot:
         except StopAsyncIteration:
             self._broken()
             raise ReplicaError(self.url, "stream closed by the server") from None
+        finally:
+            self.busy = False
         if error is not None:
             await self.close()
             raise ReplicaError(self.url, error.message())
@@ -114,6 +129,8 @@ class AsyncStreamSlot:
 
     async def close(self) -> None:
         self._reset()
+        if self in self.channel.slots:
+            self.channel.slots.remove(self)
 
     def _reset(self) -> None:
         """Drop the stream; a reply still owed to it is discarded."""

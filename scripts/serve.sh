@@ -118,7 +118,10 @@ fi
 # a fresh one; the gateway keeps running and finds the new server by itself.
 # SIGTERM/SIGINT stop the server and the gateway and end the loop.
 STOPPING=0 TRITON_PID="" WATCHDOG_PID="" GATEWAY_PID=""
-trap 'STOPPING=1; [[ -z "$TRITON_PID" ]] || kill -TERM "$TRITON_PID" 2>/dev/null || true' TERM INT
+# The gateway stops too (it answers what it holds, then closes its streams:
+# Triton waits for open streams before it exits).
+trap 'STOPPING=1; [[ -z "$GATEWAY_PID" ]] || kill -TERM "$GATEWAY_PID" 2>/dev/null || true
+      [[ -z "$TRITON_PID" ]] || kill -TERM "$TRITON_PID" 2>/dev/null || true' TERM INT
 finish() {
   [[ -z "$WATCHDOG_PID" ]] || kill "$WATCHDOG_PID" 2>/dev/null || true
   if [[ -n "$GATEWAY_PID" ]]; then kill -TERM "$GATEWAY_PID" 2>/dev/null || true; wait "$GATEWAY_PID" || true; fi

@@ -201,7 +201,7 @@ def test_a_broken_stream_makes_every_slot_of_that_replica_reopen():
 
     async def scenario():
         channel = ReplicaChannel.__new__(ReplicaChannel)
-        channel.url, channel.client, channel.generation = "fake:1", FakeStreamClient(), 0
+        channel.url, channel.client, channel.generation, channel.slots = "fake:1", FakeStreamClient(), 0, []
         slots = [AsyncStreamSlot(channel) for _ in range(3)]
         call = Call("m", {"X": np.zeros(1, dtype=np.int64)}, "Y", rows=1)
         for slot in slots:
@@ -216,3 +216,22 @@ def test_a_broken_stream_makes_every_slot_of_that_replica_reopen():
     streams, rows = asyncio.run(scenario())
     assert len(streams) == 5 and all(s.cancelled for s in streams[:3])  # three old, two reopened
     assert [r.shape for r in rows] == [(1, 2), (1, 2)]
+
+
+def test_idle_streams_close_when_the_replica_stops_being_ready():
+    """A stopping Triton waits for open streams; the gateway closes the ones no call uses."""
+    from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+
+    async def scenario():
+        channel = ReplicaChannel.__new__(ReplicaChannel)
+        channel.url, channel.client, channel.generation, channel.slots = "fake:1", FakeStreamClient(), 0, []
+        idle, busy = AsyncStreamSlot(channel), AsyncStreamSlot(channel)
+        call = Call("m", {"X": np.zeros(1, dtype=np.int64)}, "Y", rows=1)
+        await idle.call(call)
+        await busy.call(call)
+        busy.busy = True  # as if a call were in flight on it
+        channel.drop_idle_streams()
+        return channel.client.streams
+
+    streams = asyncio.run(scenario())
+    assert [s.cancelled for s in streams] == [True, False]
