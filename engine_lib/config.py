@@ -7,6 +7,8 @@ from typing import Mapping
 
 from .model_folder import DEFAULT_MODEL
 
+AUTO = -1  # integer settings that also take "auto" store it as -1
+
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -39,7 +41,9 @@ def _from_parameters(cls, params: Mapping[str, str], overrides: Mapping[str, str
             continue
         kind = fields[name].type
         try:
-            if kind in ("int", int):
+            if kind in ("int", int) and name in getattr(cls, "AUTO_FIELDS", ()) and raw.strip() == "auto":
+                kwargs[name] = AUTO
+            elif kind in ("int", int):
                 kwargs[name] = int(raw)
             elif kind in ("bool", bool):
                 kwargs[name] = parse_bool(raw)
@@ -107,28 +111,35 @@ class EncoderConfig:
     dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: str = "auto"
-    max_graph_tokens: int = 4096
-    max_graph_seqs: int = 64
+    max_graph_tokens: int = AUTO  # auto: every batch the scheduler can form (budget, or model maximum if larger)
+    max_graph_seqs: int = AUTO    # auto: max_batch_sequences
     num_threads: int = 0
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
+    self_check: bool = True
+
+    # max_batch_tokens=auto: measured at start-up (batch_budget.py)
+    AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs")
 
     def __post_init__(self):
         if self.task not in ("embed", "score"):
             raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
                      "max_queued_tokens", "max_queued_requests"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
+                raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graphs must be auto, on or off, got {self.cuda_graphs!r}")
-        if self.max_graph_tokens < 64 or self.max_graph_seqs < 1:
-            raise ValueError("max_graph_tokens must be >= 64 and max_graph_seqs >= 1")
+        if self.max_graph_tokens != AUTO and self.max_graph_tokens < 64:
+            raise ValueError(f"max_graph_tokens must be >= 64 (or auto), got {self.max_graph_tokens}")
+        if self.max_graph_seqs != AUTO and self.max_graph_seqs < 1:
+            raise ValueError(f"max_graph_seqs must be >= 1 (or auto), got {self.max_graph_seqs}")
         if self.num_threads < 0:
-            raise ValueError("num_threads must be >= 0 (0 = torch default)")
+            raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/step_threads.py)")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "EncoderConfig":

@@ -1,4 +1,4 @@
-"""Lazily captured whole-model CUDA graphs per (sequence-count bucket, token bucket).
+"""Lazily captured whole-model CUDA graphs per (sequence-count bucket, token bucket[, max_seqlen bucket]).
 
 Bookkeeping is plain Python: `GraphBuckets` maps a batch to its bucket,
 `pad_batch` pads it, `LazyGraphCache` decides eager / capture / replay (first
@@ -10,6 +10,11 @@ Padding invariant: a padded batch has exactly the bucket's token and sequence
 counts; extra sequences are zero-length (cu_seqlens repeats num_tokens), extra
 tokens lie past cu_seqlens[-1] with id 0, position 0, token type 0 and seq_id ==
 the bucket's sequence count (pooling's scratch row). Rows of real sequences never read them.
+
+Backends whose kernel launch is sized by max_seqlen (varlen) key graphs by a
+max_seqlen bucket too (powers of two from 64, capped by the model's maximum
+and the token bucket), so a graph never launches blocks for thousands of empty
+rows. A bucket whose plan or capture fails runs eagerly from then on.
 """
 from __future__ import annotations
 
@@ -45,25 +50,42 @@ def seq_buckets(max_seqs: int) -> list[int]:
     return buckets if buckets[-1] == max_seqs else buckets + [max_seqs]
 
 
+def seqlen_bucket(max_seqlen: int, cap: int, smallest: int = 64) -> int:
+    """The power of two (>= smallest) that holds max_seqlen, at most `cap` (cap >= max_seqlen)."""
+    return min(max(smallest, 1 << (max(max_seqlen, 1) - 1).bit_length()), cap)
+
+
 class GraphBuckets:
-    """Batch geometry -> graph key (num_seqs_bucket, num_tokens_bucket), or None for eager."""
+    """Batch geometry -> graph key (num_seqs_bucket, num_tokens_bucket[, max_seqlen_bucket]), or None for eager.
+
+    `max_seqlen_cap` (the model's maximum sequence length) turns on the max_seqlen bucket.
+    """
 
     def __init__(self, max_tokens: int, max_seqs: int, small_step: int = 64, large_step: int = 256,
-                 threshold: int = 1024):
+                 threshold: int = 1024, max_seqlen_cap: int | None = None):
+        max_tokens = -(-max_tokens // small_step) * small_step
         self.token_buckets = token_buckets(max_tokens, small_step, large_step, threshold)
         self.seq_buckets = seq_buckets(max_seqs)
+        self.max_seqlen_cap = max_seqlen_cap
         self.max_tokens, self.max_seqs = self.token_buckets[-1], self.seq_buckets[-1]
         self._step = small_step
         # Precomputed: ceil(num_tokens / small_step) -> token bucket.
         self._token_map = [self.token_buckets[bisect.bisect_left(self.token_buckets, i * small_step)]
                            for i in range(self.max_tokens // small_step + 1)]
 
-    def key(self, num_seqs: int, num_tokens: int) -> tuple[int, int] | None:
+    def key(self, num_seqs: int, num_tokens: int, max_seqlen: int | None = None) -> tuple[int, ...] | None:
         if num_tokens > self.max_tokens or num_seqs > self.max_seqs or num_seqs < 1:
             return None
         seqs = self.seq_buckets[bisect.bisect_left(self.seq_buckets, num_seqs)]
         tokens = self._token_map[-(-num_tokens // self._step)]
-        return seqs, tokens
+        if self.max_seqlen_cap is None:
+            return seqs, tokens
+        cap = min(tokens, max(self.max_seqlen_cap, max_seqlen or 1))
+        return seqs, tokens, seqlen_bucket(max_seqlen or num_tokens, cap, self._step)
+
+    def covers(self, max_batch_tokens: int, max_batch_seqs: int) -> bool:
+        """True when every batch of at most these sizes has a bucket."""
+        return self.max_tokens >= max_batch_tokens and self.max_seqs >= max_batch_seqs
 
 
 class PaddedBatch(NamedTuple):
@@ -71,8 +93,8 @@ class PaddedBatch(NamedTuple):
     cu_seqlens: np.ndarray  # [num_seqs_bucket + 1] int32
 
 
-def pad_batch(batch: PackedBatch, key: tuple[int, int]) -> PaddedBatch:
-    num_seqs, num_tokens = key
+def pad_batch(batch: PackedBatch, key: tuple[int, ...]) -> PaddedBatch:
+    num_seqs, num_tokens = key[:2]
     if batch.num_seqs > num_seqs or batch.num_tokens > num_tokens:
         raise ValueError(f"batch ({batch.num_seqs} seqs, {batch.num_tokens} tokens) exceeds bucket {key}")
     token_data = np.zeros((4, num_tokens), dtype=np.int64)
@@ -93,7 +115,7 @@ class GraphStats:
     eager_runs: int = 0
     captures: int = 0
     replays: int = 0
-    capture_failures: int = 0
+    capture_failures: int = 0  # plan or capture failures: that bucket runs eagerly from then on
     graphs: int = 0
 
 
@@ -125,8 +147,11 @@ class LazyGraphCache:
         return self._graphs[key]
 
     def mark_failed(self, key: Hashable) -> None:
-        """A key whose capture failed runs eagerly from now on."""
+        """A key whose plan or capture failed runs eagerly from now on."""
         self._failed.add(key)
+
+    def failed(self, key: Hashable) -> bool:
+        return key in self._failed
 
 
 Capture = Callable[[Callable[[], object]], tuple[Callable[[], None], object]]
@@ -153,41 +178,50 @@ class GraphRunner:
         self._cu_seqlens = torch.zeros(buckets.max_seqs + 1, dtype=torch.int32, device=device)
 
     def run(self, batch: PackedBatch):
-        """Pooled [num_seqs, hidden] for the batch, or None when it is above the largest bucket."""
-        key = self.buckets.key(batch.num_seqs, batch.num_tokens)
-        if key is None:
+        """Pooled [num_seqs, hidden] for the batch, or None: above the largest bucket, or its bucket failed."""
+        key = self.buckets.key(batch.num_seqs, batch.num_tokens, batch.max_seqlen)
+        if key is None or self.cache.failed(key):
             return None
         padded = pad_batch(batch, key)
-        num_seqs, num_tokens = key
+        num_seqs, num_tokens = key[:2]
         token_data, cu_seqlens = self._token_data[:, :num_tokens], self._cu_seqlens[:num_seqs + 1]
+        try:
+            if key not in self._plans:
+                self._plans[key] = self.backend.graph_plan(num_seqs, num_tokens, self.device, key[-1])
+            plan = self._plans[key]
+            self.backend.update_graph_plan(plan, padded.cu_seqlens)
+        except Exception:  # a plan is host work: nothing was recorded, the eager path is clean
+            self._give_up(key, "planning")
+            return None
         token_data.copy_(host_tensor(padded.token_data, self.device), non_blocking=True)
         cu_seqlens.copy_(host_tensor(padded.cu_seqlens, self.device), non_blocking=True)
-        if key not in self._plans:
-            self._plans[key] = self.backend.graph_plan(num_seqs, num_tokens, self.device)
-        plan = self._plans[key]
-        self.backend.update_graph_plan(plan, padded.cu_seqlens)
         step = lambda: self.forward(token_data, cu_seqlens, plan)
         action = self.cache.action(key)
         if action == CAPTURE:
             output = self._capture(key, step)
-            action = EAGER if output is None else CAPTURE
-        if action == EAGER:
+            if output is None:
+                return None
+        elif action == EAGER:
             self.stats.eager_runs += 1
             output = step()
-        elif action == REPLAY:
+        else:
             replay, output = self.cache.get(key)
             replay()
             self.stats.replays += 1
         # A copy: the static output is overwritten by the next replay while this one may still be read.
         return output[:batch.num_seqs].clone()
 
+    def _give_up(self, key, what: str) -> None:
+        log.exception("CUDA graph %s failed for bucket %s; that bucket runs eagerly from now on", what, key)
+        self.cache.mark_failed(key)
+        self._plans.pop(key, None)
+        self.stats.capture_failures += 1
+
     def _capture(self, key, step):
         try:
             replay, output = self.capture(step)
-        except RuntimeError:
-            log.exception("CUDA graph capture failed for bucket %s; it runs eagerly from now on", key)
-            self.cache.mark_failed(key)
-            self.stats.capture_failures += 1
+        except Exception:
+            self._give_up(key, "capture")
             return None
         self.cache.store(key, (replay, output))
         self.stats.captures += 1
@@ -212,12 +246,23 @@ class CudaGraphCapture:
 
     def __call__(self, fn):
         torch = self._torch
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            fn()  # warm-up on the capture stream (lazy per-stream library state)
-        torch.cuda.current_stream().wait_stream(self.stream)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the completion thread may query events while the scheduler thread captures.
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
-            output = fn()
-        return graph.replay, output
+        caller = torch.cuda.current_stream()
+        try:
+            self.stream.wait_stream(caller)
+            with torch.cuda.stream(self.stream):
+                fn()  # warm-up on the capture stream (lazy per-stream library state)
+            caller.wait_stream(self.stream)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the completion thread may query events while the scheduler thread captures.
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                output = fn()
+            return graph.replay, output
+        except Exception:
+            # torch.cuda.graph's exit skips restoring the stream when capture_end raises, and the
+            # side stream may be left capturing: restore the caller's stream, use a fresh side stream.
+            torch.cuda.set_stream(caller)
+            self.stream = torch.cuda.Stream(self.stream.device)
+            raise
+        finally:
+            if torch.cuda.current_stream() != caller:
+                torch.cuda.set_stream(caller)

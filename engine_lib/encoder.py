@@ -100,5 +100,11 @@ class Encoder:
 
         return self.service.submit(sequences, finish, is_cancelled, types, received_at)
 
+    def gauges(self) -> dict[str, float]:
+        """Queue depth, the load-time self-check figure and the batch token budget (for the metrics thread)."""
+        return {**self.service.queue_depth(),
+                "rose_self_check_cosine": getattr(self.service.engine, "self_check_cosine", 1.0),
+                "rose_batch_token_budget": self.service.max_batch_tokens}
+
     def close(self, timeout: float = 60.0) -> None:
         self.service.close(timeout)

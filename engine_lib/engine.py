@@ -6,18 +6,23 @@ import torch
 
 from .attention import AttentionShape, select_backend
 from .batch import PackedBatch
+from . import self_check as probes
+from .cuda_env import check_cuda_fits
 from .cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from .lazy_tensor import CudaLazyTensor, LazyTensor, ResolvedTensor, host_tensor
 from .loader import load_weights
 from .model_folder import ModelFolder
 from .models import model_class
 from .models.heads import build_head
+from .pooling import pool
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_MODES = ("auto", "on", "off")
 
 
 def resolve_device(name: str) -> torch.device:
+    if name in ("auto", "cuda"):
+        check_cuda_fits()  # a GPU node whose driver does not fit this torch fails here, naming both
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -41,12 +46,16 @@ class Engine:
     task: "embed" (pooled rows [num_seqs, hidden]) or "score" (one relevance
     logit per sequence, [num_seqs, 1]; `score_activation` says how it becomes
     the model's score). The head is chosen from config.json (models/heads.py).
+
+    At load the built-in probe batch runs through the served path (warming lazily
+    compiled kernels, e.g. FlashInfer's) and, in a half dtype, is checked against a
+    float32 copy on the same device (self_check.py); `self_check_cosine` keeps the figure.
     """
 
     def __init__(self, model: ModelFolder | str, device: str = "auto", dtype: str = "auto",
                  attention_backend: str = "auto", cuda_graphs: str = "auto",
                  max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
-                 graph_capture: Capture | None = None, task: str = "embed"):
+                 graph_capture: Capture | None = None, task: str = "embed", self_check: bool = True):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         self.model_dir = folder.path
         self.device = resolve_device(device)
@@ -58,24 +67,65 @@ class Engine:
         self.task = task
         self.vocab_size = cfg["vocab_size"]
         self.type_vocab_size = int(cfg.get("type_vocab_size", 1) or 1)
-        with torch.device("meta"):
-            model = cls(cfg, self.backend)
-            head = build_head(task, folder)
-        model, head = model.to_empty(device="cpu"), head.to_empty(device="cpu")
-        load_weights(model, folder.weight_files)
-        head.load(folder.weight_files)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        self.head = head.to(device=self.device, dtype=self.dtype).eval()
-        self.output_dim = head.output_dim
-        self.score_activation = head.activation
-        self.pooling = getattr(head, "mode", None)
-        if hasattr(self.model, "init_buffers"):
-            self.model.init_buffers()  # non-checkpoint buffers (RoPE table), in fp32 on the device
+        self._cfg, self._cls, self._folder = cfg, cls, folder
+        self.model, self.head = self._build_model(self.backend, self.dtype)
+        self.output_dim = self.head.output_dim
+        self.score_activation = self.head.activation
+        self.pooling = getattr(self.head, "mode", None)
         self.max_positions = self.model.max_positions
         self.hidden_size = cfg["hidden_size"]
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.stats = GraphStats()
+        self._graph_settings = (cuda_graphs, max_graphs, graph_capture)
         self.graphs = self._graph_runner(cuda_graphs, max_graph_tokens, max_graph_seqs, max_graphs, graph_capture)
+        self.self_check_cosine = self._self_check(torch.float32 if self_check else self.dtype)
+
+    def set_graph_grid(self, max_tokens: int, max_seqs: int) -> None:
+        """Resize the graph grid (before serving: graphs captured so far are dropped)."""
+        if self.graphs is not None:
+            mode, max_graphs, capture = self._graph_settings
+            self.graphs = self._graph_runner(mode, max_tokens, max_seqs, max_graphs, capture)
+
+    def _build_model(self, backend, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(layers, head) from the folder's weights, on the device in `dtype`."""
+        weight_files = self._folder.weight_files
+        with torch.device("meta"):
+            model = self._cls(self._cfg, backend)
+            head = build_head(self.task, self._folder)
+        model, head = model.to_empty(device="cpu"), head.to_empty(device="cpu")
+        load_weights(model, weight_files)
+        head.load(weight_files)
+        model = model.to(device=self.device, dtype=dtype).eval()
+        head = head.to(device=self.device, dtype=dtype).eval()
+        if hasattr(model, "init_buffers"):
+            model.init_buffers()  # non-checkpoint buffers (RoPE table), in fp32 on the device
+        return model, head
+
+    @torch.inference_mode()
+    def _self_check(self, reference_dtype: torch.dtype) -> float:
+        """Probe batch through the served path (warm-up); then, when the served dtype differs from
+        `reference_dtype`, the probes' mean-pooled final hidden states vs a `reference_dtype` copy
+        (the layers are what the dtype changes; a score head's single logit is no vector to compare)."""
+        batch = probes.probe_batch(self.vocab_size, self.max_positions)
+        self.forward_eager(batch).cpu()
+        if self.dtype == reference_dtype:
+            return 1.0
+        served = self._probe_rows(self.model, self.backend, batch)
+        backend = select_backend("sdpa", self.device, reference_dtype, self.attention_shape)
+        model, _ = self._build_model(backend, reference_dtype)
+        reference = self._probe_rows(model, backend, batch)
+        del model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return probes.check(served, reference, str(self.dtype).removeprefix("torch."), self.device.type)
+
+    def _probe_rows(self, model, backend, batch: PackedBatch) -> np.ndarray:
+        plan = backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
+        token_data = torch.from_numpy(np.stack([batch.input_ids, batch.positions, batch.seq_ids])).to(self.device)
+        token_types = torch.zeros_like(token_data[0]) if self.type_vocab_size > 1 else None
+        hidden = model(token_data[0], token_data[1], plan, token_types)
+        rows = pool(hidden, torch.from_numpy(batch.cu_seqlens).to(self.device), token_data[2], "mean")
+        return rows.float().cpu().numpy()
 
     def _graph_runner(self, mode: str, max_tokens: int, max_seqs: int, max_graphs: int | None,
                       capture: Capture | None) -> GraphRunner | None:
@@ -88,7 +138,8 @@ class Engine:
             raise ValueError(f"cuda_graphs=on needs CUDA and a capturable attention backend (masked, varlen, "
                              f"flashinfer); have {self.device.type} and {self.backend.name!r}")
         capture = capture or CudaGraphCapture(self.device)
-        buckets = GraphBuckets(max_tokens, max_seqs)
+        seqlen_cap = self.max_positions if self.backend.graph_keys_max_seqlen else None
+        buckets = GraphBuckets(max_tokens, max_seqs, max_seqlen_cap=seqlen_cap)
         return GraphRunner(self._forward_static, self.backend, buckets, self.device, capture, self.stats, max_graphs)
 
     def _forward(self, input_ids, positions, seq_ids, token_types, cu_seqlens, plan) -> torch.Tensor:

@@ -1,23 +1,53 @@
-"""Load a checkpoint's safetensors into one of our models by key mapping."""
+"""Load a checkpoint's safetensors (one file or every shard ModelFolder lists) into one of our models.
+
+Checkpoints keep their layout: keys are renamed onto our module paths, and
+separate projections our model fuses (q/k/v, gate/up) are copied into their
+rows of the `FusedLinear` (models/fused.py). Every parameter row must be
+filled exactly once, or loading fails naming what is missing.
+"""
 from __future__ import annotations
+
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 
 def map_checkpoint_key(model, key: str) -> str | None:
-    """Our parameter name for a checkpoint key, or None if the key is unused."""
+    """Our parameter name for a checkpoint key (a fused one's whole name), or None if unused."""
+    mapped = checkpoint_target(model, key)
+    return None if mapped is None else mapped[0]
+
+
+def checkpoint_target(model, key: str) -> tuple[str, int | None] | None:
+    """(our parameter name, fused part index or None) for a checkpoint key, or None if unused."""
     for prefix in model.checkpoint_prefixes:
         if key.startswith(prefix):
             key = key[len(prefix):]
             break
     if any(key.startswith(ignored) for ignored in model.ignored_keys):
         return None
+    for old, new, part in getattr(model, "checkpoint_fusions", ()):
+        if old in key:
+            return key.replace(old, new, 1), part
     for old, new in model.checkpoint_renames:
         if old in key:
-            return key.replace(old, new, 1)
-    return key
+            return key.replace(old, new, 1), None
+    return key, None
+
+
+def _tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """One tensor at a time, so a sharded model never holds two copies of its weights."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read weights ({exc})") from exc
+    except Exception as exc:  # safetensors raises its own error types
+        if type(exc).__module__.startswith("safetensors"):
+            raise ValueError(f"{path}: cannot read weights ({exc})") from exc
+        raise
 
 
 def read_tensors(weight_files: list[str], names: list[str]) -> dict[str, torch.Tensor]:
@@ -34,26 +64,38 @@ def read_tensors(weight_files: list[str], names: list[str]) -> dict[str, torch.T
 
 
 def load_weights(model: torch.nn.Module, weight_files: list[str]) -> None:
-    """Copy every checkpoint tensor (over all shards) into `model`; every parameter must be set."""
+    """Copy every checkpoint tensor (over all shards) into `model`; every parameter row must be set."""
     params = dict(model.named_parameters())
-    loaded = set()
+    modules = dict(model.named_modules())
+    loaded: set[tuple[str, int | None]] = set()
     for path in weight_files:
-        try:
-            checkpoint = load_file(path)
-        except Exception as exc:  # safetensors raises its own error types
-            raise ValueError(f"{path}: cannot read weights ({exc})") from exc
-        for key, tensor in checkpoint.items():
-            name = map_checkpoint_key(model, key)
-            if name is None:
+        for key, tensor in _tensors(path):
+            mapped = checkpoint_target(model, key)
+            if mapped is None:
                 continue
+            name, part = mapped
             if name not in params:
                 raise ValueError(f"{path}: unexpected weight {key!r} (mapped to {name!r})")
-            if params[name].shape != tensor.shape:
+            target = params[name]
+            if part is not None:
+                start, length = modules[name.rsplit(".", 1)[0]].part_rows(part)
+                target = target.narrow(0, start, length)
+            if target.shape != tensor.shape:
                 raise ValueError(f"{path}: weight {key!r} has shape {tuple(tensor.shape)}, "
-                                 f"model expects {tuple(params[name].shape)}")
+                                 f"model expects {tuple(target.shape)}")
             with torch.no_grad():
-                params[name].copy_(tensor)
-            loaded.add(name)
-    missing = sorted(set(params) - loaded)
+                target.copy_(tensor)
+            loaded.add((name, part))
+    _check_complete(model, params, modules, loaded, weight_files[0])
+
+
+def _check_complete(model, params, modules, loaded, where: str) -> None:
+    missing = []
+    for name in params:
+        if name in getattr(model, "tied_parameters", ()):
+            continue
+        parts = getattr(modules[name.rsplit(".", 1)[0]] if "." in name else model, "parts", None)
+        expected = [(name, i) for i in range(len(parts))] if parts else [(name, None)]
+        missing += [f"{n}[part {p}]" if p is not None else n for n, p in expected if (n, p) not in loaded]
     if missing:
-        raise ValueError(f"{weight_files[0]}: missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ValueError(f"{where}: missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")

@@ -33,6 +33,9 @@ SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.
 SPECS = {spec.name: spec for spec in (
     MetricSpec("rose_queue_requests", "gauge", "Requests accepted by the encoder and not yet answered"),
     MetricSpec("rose_queue_tokens", "gauge", "Tokens queued in the encoder and not yet launched"),
+    MetricSpec("rose_self_check_cosine", "gauge",
+               "Load-time self-check: minimum cosine of the served dtype vs float32 on the built-in probes"),
+    MetricSpec("rose_batch_token_budget", "gauge", "Token budget per engine step (max_batch_tokens, or measured)"),
     MetricSpec("rose_step_tokens", "histogram", "Tokens per engine step", TOKEN_BUCKETS),
     MetricSpec("rose_step_sequences", "histogram", "Sequences per engine step", SEQUENCE_BUCKETS),
     MetricSpec("rose_step_seconds", "histogram", "Engine step latency, launch to result on the host",

@@ -12,11 +12,18 @@ Admission control bounds the pool (requests pending, tokens queued): past a
 bound `submit` raises OverloadError at once. Requests arrive validated and
 leave as raw pooled rows (engine_lib/encoder.py does both ends). A cancelled request's sequences
 are dropped when they come up for launch. docs/operations.md has the limits.
+
+Fatal failures: if either thread dies, or a step reports a sticky device error
+(the CUDA context is unusable from then on), the service answers every pending
+request with an error, refuses new ones and calls `on_fatal(reason)`; the
+default exits the process so the launcher's watchdog restarts the server
+(never "ready" while hanging requests).
 """
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -34,6 +41,24 @@ from .scheduler import FcfsBatcher, ScheduledSequence
 log = logging.getLogger(__name__)
 
 DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
+
+# Errors after which the CUDA context is unusable (every later call fails): restart the process.
+STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                        "misaligned address", "illegal instruction", "uncorrectable ECC error",
+                        "CUBLAS_STATUS_EXECUTION_FAILED", "CUDA error: unknown error")
+EXIT_CODE = 70
+
+
+def is_sticky_device_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in STICKY_DEVICE_ERRORS)
+
+
+def exit_process(reason: str) -> None:
+    """Default `on_fatal`: give the error responses a moment to leave, then end the process."""
+    time.sleep(0.5)
+    logging.shutdown()
+    os._exit(EXIT_CODE)
 
 
 @dataclass
@@ -58,8 +83,11 @@ class EncoderService:
     def __init__(self, engine: StepEngine, max_batch_tokens: int, max_batch_sequences: int,
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
-                 cancel_check_interval: float = 0.05):
+                 cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process):
         self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.failure: Optional[str] = None  # set once, when the service has failed for good
+        self._on_fatal = on_fatal
         self.output_dim = engine.output_dim
         self.max_queued_tokens = max_queued_tokens
         self.max_queued_requests = max_queued_requests
@@ -78,8 +106,10 @@ class EncoderService:
         # Batches given to the completion thread and not yet answered (under _lock): while
         # any are, results are answered there, so one thread at a time delivers rows.
         self._handed_off = 0
-        self._scheduler = threading.Thread(target=self._schedule_loop, name="rose-scheduler", daemon=True)
-        self._completer = threading.Thread(target=self._complete_loop, name="rose-completion", daemon=True)
+        self._scheduler = threading.Thread(target=self._guarded, args=(self._schedule_loop,),
+                                           name="rose-scheduler", daemon=True)
+        self._completer = threading.Thread(target=self._guarded, args=(self._complete_loop,),
+                                           name="rose-completion", daemon=True)
         self._scheduler.start()
         self._completer.start()
 
@@ -113,6 +143,8 @@ class EncoderService:
 
     def _refusal(self, num_tokens: int) -> Optional[tuple[str, str]]:
         """(reason, message) if admission control refuses a request of `num_tokens` now."""
+        if self.failure is not None:
+            return "shutting_down", f"the encoder has failed ({self.failure}) and is restarting; retry"
         if self._closing:
             return "shutting_down", "the encoder is shutting down; retry on another replica"
         if len(self._requests) >= self.max_queued_requests:
@@ -170,6 +202,8 @@ class EncoderService:
                 log.exception("engine step failed")
                 self._inflight.release()
                 self._fail(scheduled, exc)
+                if is_sticky_device_error(exc):
+                    raise
                 continue
             with self._lock:
                 inline = self._handed_off == 0 and lazy.ready()
@@ -180,6 +214,27 @@ class EncoderService:
                 self._launched.put((scheduled, lazy, launched_at))
         self._inflight.release()
         self._launched.put(None)
+
+    def _guarded(self, loop: Callable[[], None]) -> None:
+        """Run a service thread's loop; if it ends by an exception, the service fails for good."""
+        try:
+            loop()
+        except BaseException as exc:
+            self._die(f"{threading.current_thread().name} thread died: {exc!r}")
+
+    def _die(self, reason: str) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+            self._closing = True
+            pending = list(self._requests.items())
+            self._lock.notify_all()
+        log.critical("encoder failed: %s; answering %d pending request(s) with an error and exiting so the "
+                     "launcher restarts the server", reason, len(pending))
+        for key, request in pending:
+            self._finish(key, request, RuntimeError(f"the encoder failed and is restarting: {reason}"))
+        self._on_fatal(reason)
 
     def _drop_cancelled(self, scheduled: list[ScheduledSequence]) -> list[ScheduledSequence]:
         """Drop sequences of requests whose client has gone; answer those requests."""
@@ -210,9 +265,11 @@ class EncoderService:
 
     def _complete_loop(self) -> None:
         while (item := self._launched.get()) is not None:
-            self._complete(*item)
-            with self._lock:
-                self._handed_off -= 1
+            try:
+                self._complete(*item)
+            finally:
+                with self._lock:
+                    self._handed_off -= 1
 
     def _complete(self, scheduled: list[ScheduledSequence], lazy, launched_at: float) -> None:
         try:
@@ -220,6 +277,8 @@ class EncoderService:
         except Exception as exc:
             log.exception("waiting on a batch failed")
             self._fail(scheduled, exc)
+            if is_sticky_device_error(exc):
+                raise
             return
         finally:
             self._inflight.release()

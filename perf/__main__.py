@@ -30,8 +30,8 @@ def model_info(model_dir: str | None) -> dict:
 def start_targets(names: list[str], args, model: dict, stack) -> tuple[dict, str | None]:
     """(targets by name, the gRPC URL of ours, if served)."""
     targets = {}
-    grpc_url = args.grpc_url
-    if not grpc_url and {"rose", "triton-padded"} & set(names):
+    grpc_url, gateway_url = args.grpc_url, args.gateway_url
+    if not grpc_url and {"rose", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
         from rose_triton.server import TritonServer
 
         extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
@@ -40,13 +40,15 @@ def start_targets(names: list[str], args, model: dict, stack) -> tuple[dict, str
         env = {"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}
         serve_args = ["--rerank-model-dir", args.rerank_model_dir] if args.rerank_model_dir else []
         server = TritonServer(log_dir / "server.log", env=env, extra_args=extra, ready_timeout=600,
-                              serve_args=serve_args)
+                              serve_args=serve_args, gateway="gateway" in names)
         stack.append(server.stop)
-        grpc_url = server.grpc_url
+        grpc_url, gateway_url = grpc_url or server.grpc_url, gateway_url or server.gateway_url
     for name in names:
         try:
             if name == "rose":
                 targets[name] = lineup.rose_target(grpc_url)
+            elif name == "gateway":
+                targets[name] = lineup.gateway_target(gateway_url)
             elif name == "triton-padded":
                 targets[name] = lineup.triton_padded_target(grpc_url)
             elif name == "st":
@@ -181,6 +183,7 @@ def main(argv=None) -> None:
     run.add_argument("--cells", help="comma list of cell keys (default: all); overhead profile: client paths")
     run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
+    run.add_argument("--gateway-url", help="use a running gateway (e.g. http://127.0.0.1:8080) for target gateway")
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
     run.add_argument("--rerank-model-dir", help="reranker folder: also serve it and run the score cells (2r)")
     run.add_argument("--rerank-label", help="name of the reranker in the results (e.g. '... random-weight')")

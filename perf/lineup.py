@@ -15,6 +15,7 @@ PEERS = REPO / "perf" / ".peers"
 BASELINES = REPO / "perf" / "baselines" / "model_repository"
 LABELS = {
     "rose": "ours (ROSE on Triton)",
+    "gateway": "ours through the OpenAI-compatible gateway (HTTP /v1/embeddings, float JSON)",
     "st": "sentence-transformers encode, in-process",
     "ort": "ONNX Runtime (optimum O2 export), in-process",
     "triton-padded": "usual Triton way (Python backend, padded HF model, dynamic batcher)",
@@ -118,6 +119,22 @@ def rose_target(grpc_url: str) -> ServedTarget:
                         versions(["nvidia-pytriton", "tritonclient", "torch"]))
 
 
+def gateway_target(gateway_url: str) -> ServedTarget:
+    """The launcher's gateway: text in (tokenized by the gateway) or token ids in, JSON over HTTP."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    from .machine import versions
+
+    with urllib.request.urlopen(f"{gateway_url}/v1/models", timeout=10) as response:
+        model = json.load(response)["data"][0]["id"]
+    url = urllib.parse.urlsplit(gateway_url)
+    return openai_target("gateway", url.port, "/v1/embeddings", model, True,
+                         versions(["starlette", "uvicorn", "orjson", "tritonclient", "nvidia-pytriton", "torch"]),
+                         host=url.hostname)
+
+
 def triton_padded_target(grpc_url: str) -> ServedTarget:
     from .machine import versions
 
@@ -125,9 +142,10 @@ def triton_padded_target(grpc_url: str) -> ServedTarget:
                         versions=versions(["nvidia-pytriton", "transformers", "torch"]))
 
 
-def openai_target(name: str, port: int, path: str, model: str, token_ids: bool, versions: dict) -> ServedTarget:
-    text = OpenAIEmbeddings("127.0.0.1", port, path, model)
-    tokens = OpenAIEmbeddings("127.0.0.1", port, path, model, token_ids=True) if token_ids else None
+def openai_target(name: str, port: int, path: str, model: str, token_ids: bool, versions: dict,
+                  host: str = "127.0.0.1") -> ServedTarget:
+    text = OpenAIEmbeddings(host, port, path, model)
+    tokens = OpenAIEmbeddings(host, port, path, model, token_ids=True) if token_ids else None
     return ServedTarget(name, text, tokens, versions)
 
 

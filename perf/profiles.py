@@ -109,4 +109,18 @@ PROFILES = {
                "sentence-transformers `encode` in-process (no server, no network hop).",
                "4 concurrent clients: 4 client processes for the server, 4 threads sharing one model in-process.",
                "On a 2-core machine the server and its client processes share the same cores.")),
+    "gateway": Profile(
+        "gateway", "Scenario 4 (high concurrency, text in) through the OpenAI-compatible gateway vs gRPC "
+                   "streaming on the ensemble, plus batch-1 latency to read the gateway's own cost.",
+        (Cell("latency", "lat-text-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=30),
+         Cell("latency", "lat-tokens-128", "sequential", "tokens", 128, 1, num_requests=200, max_seconds=30),
+         *(Cell(S4, f"s4-c{c}", "load", "text", 128, 1, c, duration_s=10, served_only=True) for c in (1, 4, 16))),
+        ("rose", "gateway"),
+        notes=("gateway, text in: HTTP JSON -> the gateway tokenizes -> rose_encoder over gRPC streaming; rose, "
+               "text in: gRPC streaming on `ensemble` (tokenizer model + encoder). Token-id cells: the gateway gets "
+               "the ids as JSON lists, rose sends them straight to rose_encoder.",
+               "The gateway's own added latency per request is p50(gateway, tokens) - p50(rose, tokens); "
+               "text in it also tokenizes (and skips the ensemble's tokenizer hop).",
+               "vLLM and Infinity join with --targets rose,gateway,vllm,infinity (their own OpenAI endpoints).",
+               "On a 2-core machine the server, the gateway and the client processes share the same cores.")),
 }

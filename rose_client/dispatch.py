@@ -1,24 +1,25 @@
-"""Run chunks over replicas: bounded in flight per replica, failed chunks retried
-on another replica, results handed to the caller's thread exactly once each.
+"""Run chunks over replicas with threads: bounded in flight per replica, failed
+chunks retried on another replica, results handed to the caller's thread
+exactly once each. The queueing and retry rules live in scheduling.py (shared
+with the asyncio dispatcher in aio.py).
 
-Invariants: a chunk is held by at most one slot at a time and goes back to the
-queue only after that slot gave up on it, so every chunk is delivered once. A
-replica that failed is probed for health before it takes new work, so a dead
+A replica that failed is probed for health before it takes new work, so a dead
 replica delays chunks but does not use up their attempts.
 """
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from .chunking import Chunk
+from .scheduling import ReplicaState, RetryPolicy, Task, TaskQueue, describe
 from .stream import ReplicaError
+
+__all__ = ["Dispatcher", "JobFailed", "ReplicaState", "RetryPolicy", "Slot"]
 
 
 class Slot(Protocol):
@@ -30,30 +31,7 @@ class Slot(Protocol):
 class JobFailed(RuntimeError):
     """The job cannot finish: a chunk failed too often, or no replica answers."""
 
-
-@dataclass
-class ReplicaState:
-    url: str
-    completed_chunks: int = 0
-    failed_chunks: int = 0
-    consecutive_failures: int = 0
-    failing_since: float | None = None
-    cooldown_until: float = 0.0
-
-
-@dataclass
-class _Task:
-    chunk: Chunk
-    attempts: int = 0
-    failed_on: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 4            # failures of one chunk on ready replicas before the job fails
-    base_cooldown_s: float = 0.25    # a failed replica rests base * 2**(failures-1), capped
-    max_cooldown_s: float = 5.0
-    max_unavailable_s: float = 120.0  # every replica failing this long fails the job
+    last_error: ReplicaError | None = None  # the last replica error behind it, when known
 
 
 class Dispatcher:
@@ -63,7 +41,8 @@ class Dispatcher:
             raise ValueError("no replica addresses given")
         if max_inflight_per_replica < 1:
             raise ValueError("max_inflight_per_replica must be >= 1")
-        self.replicas = [ReplicaState(url) for url in dict.fromkeys(urls)]
+        self.urls = list(dict.fromkeys(urls))
+        self.replicas = [ReplicaState(url) for url in self.urls]
         self.slot_factory = slot_factory
         self.max_inflight_per_replica = max_inflight_per_replica
         self.retry = retry
@@ -72,6 +51,7 @@ class Dispatcher:
             on_result: Callable[[Chunk, np.ndarray], None], parameters: dict | None = None) -> None:
         """Blocks until every chunk went through `on_result` (called in this thread)."""
         job = _Job(self, chunks, texts_of, parameters)
+        self.replicas = list(job.tasks.replicas.values())
         job.start()
         try:
             for _ in range(len(chunks)):
@@ -86,14 +66,14 @@ class _Job:
         self.d = dispatcher
         self.texts_of = texts_of
         self.parameters = parameters
-        self.pending = collections.deque(_Task(c) for c in chunks)
+        self.tasks = TaskQueue(dispatcher.urls, dispatcher.retry)
+        self.tasks.push(Task(c) for c in chunks)
         self.results: queue.Queue = queue.Queue()
         self.cond = threading.Condition()
         self.stopping = False
-        self.all_urls = {r.url for r in dispatcher.replicas}
-        self.threads = [threading.Thread(target=self._work, args=(r,), daemon=True,
-                                         name=f"rose-client-{r.url}-{i}")
-                        for r in dispatcher.replicas for i in range(dispatcher.max_inflight_per_replica)]
+        self.threads = [threading.Thread(target=self._work, args=(url,), daemon=True,
+                                         name=f"rose-client-{url}-{i}")
+                        for url in dispatcher.urls for i in range(dispatcher.max_inflight_per_replica)]
 
     def start(self) -> None:
         for thread in self.threads:
@@ -117,80 +97,51 @@ class _Job:
         self.results.put(JobFailed(message))
         self.cond.notify_all()
 
-    def _work(self, replica: ReplicaState) -> None:
+    def _work(self, url: str) -> None:
         try:
-            self._serve(replica)
+            self._serve(url)
         except Exception as exc:  # thread boundary: the caller must hear of it, not wait forever
             with self.cond:
-                self._fail_job(f"worker for {replica.url} crashed: {exc!r}")
+                self._fail_job(f"worker for {url} crashed: {exc!r}")
             raise
 
-    def _serve(self, replica: ReplicaState) -> None:
-        slot = self.d.slot_factory(replica.url)
+    def _serve(self, url: str) -> None:
+        slot = self.d.slot_factory(url)
+        replica = self.tasks.replicas[url]
         try:
-            while (task := self._take(replica)) is not None:
+            while (task := self._take(url)) is not None:
                 if replica.consecutive_failures and not slot.is_ready():
-                    self._replica_failed(replica, task, counts_for_chunk=False, reason="not ready")
+                    with self.cond:
+                        self.tasks.replica_unready(url, task, time.monotonic())
+                        self.cond.notify_all()
                     continue
                 try:
                     rows = slot.embed(self.texts_of(task.chunk), self.parameters)
                 except ReplicaError as exc:
-                    if exc.input_rejected:
-                        chunk = task.chunk
-                        with self.cond:
-                            self._fail_job(f"chunk {chunk.index} (texts {chunk.start}..{chunk.stop - 1}) "
-                                           f"was refused: {exc}")
-                        return
-                    self._replica_failed(replica, task, counts_for_chunk=True, reason=str(exc))
+                    with self.cond:
+                        if exc.input_rejected:
+                            self._fail_job(f"{describe(task.chunk)} was refused: {exc}")
+                            return
+                        failure = self.tasks.chunk_failed(url, task, str(exc), time.monotonic())
+                        if failure is not None:
+                            self._fail_job(failure)
+                        self.cond.notify_all()
                     continue
                 with self.cond:
-                    replica.completed_chunks += 1
-                    replica.consecutive_failures, replica.failing_since = 0, None
+                    self.tasks.succeeded(url)
                     if not self.stopping:
                         self.results.put((task.chunk, rows))
         finally:
             slot.close()
 
-    def _eligible(self, task: _Task, url: str) -> bool:
-        return url not in task.failed_on or task.failed_on >= self.all_urls
-
-    def _take(self, replica: ReplicaState) -> _Task | None:
+    def _take(self, url: str) -> Task | None:
         with self.cond:
             while not self.stopping:
-                self._check_unavailable()
-                wait = replica.cooldown_until - time.monotonic()
-                if wait <= 0:
-                    for task in self.pending:
-                        if self._eligible(task, replica.url):
-                            self.pending.remove(task)
-                            return task
-                self.cond.wait(timeout=min(max(wait, 0.05), 1.0))
+                now = time.monotonic()
+                if (failure := self.tasks.unavailable_message(now)) is not None:
+                    self._fail_job(failure)
+                    break
+                if (task := self.tasks.take(url, now)) is not None:
+                    return task
+                self.cond.wait(timeout=min(max(self.tasks.wait_s(url, now), 0.05), 1.0))
             return None
-
-    def _check_unavailable(self) -> None:
-        since = [r.failing_since for r in self.d.replicas]
-        if self.pending and all(s is not None for s in since):
-            down_for = time.monotonic() - max(since)
-            if down_for > self.d.retry.max_unavailable_s:
-                self._fail_job(f"no replica answered for {down_for:.0f}s: "
-                               + ", ".join(r.url for r in self.d.replicas))
-
-    def _replica_failed(self, replica: ReplicaState, task: _Task, counts_for_chunk: bool, reason: str) -> None:
-        retry = self.d.retry
-        with self.cond:
-            now = time.monotonic()
-            replica.consecutive_failures += 1
-            replica.failing_since = replica.failing_since or now
-            replica.cooldown_until = now + min(retry.base_cooldown_s * 2 ** (replica.consecutive_failures - 1),
-                                               retry.max_cooldown_s)
-            if counts_for_chunk:
-                replica.failed_chunks += 1
-                task.attempts += 1
-                task.failed_on.add(replica.url)
-                if task.attempts >= retry.max_attempts:
-                    chunk = task.chunk
-                    self._fail_job(f"chunk {chunk.index} (texts {chunk.start}..{chunk.stop - 1}) failed "
-                                   f"{task.attempts} times; last error: {reason}")
-                    return
-            self.pending.appendleft(task)
-            self.cond.notify_all()

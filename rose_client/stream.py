@@ -25,7 +25,10 @@ class ReplicaError(RuntimeError):
         self.url = url
         # The server tags errors caused by the request itself (docs/operations.md):
         # every replica would refuse it the same way, so it is not retried.
-        self.input_rejected = code_name_from_message(message) == "INVALID_ARG"
+        code = code_name_from_message(message)
+        self.input_rejected = code == "INVALID_ARG"
+        # Admission control refused it (encoder queue or Triton's queue policy full): retry later.
+        self.overloaded = code == "UNAVAILABLE"
 
 
 def _text_tensor(texts: list[str]) -> grpcclient.InferInput:

@@ -23,8 +23,9 @@ class TritonServer:
 
     def __init__(self, log_path: Path, env: dict | None = None, extra_args: list[str] | None = None,
                  ready_timeout: float = 240.0, serve_args: list[str] | None = None,
-                 admin_key: str | None = None, root: Path = REPO):
-        """`admin_key`: the secret for the restricted admin APIs (None: refused to everyone);
+                 admin_key: str | None = None, gateway: bool = False, root: Path = REPO):
+        """`admin_key`: the secret for the restricted admin APIs (None: refused to everyone).
+        `gateway`: also start the OpenAI-compatible gateway (`gateway_url`; ready counts it).
         `root`: the checkout whose launcher and models to serve (perf compares two commits)."""
         self.admin_key = admin_key
         env = {**(env or {}), **({"ROSE_ADMIN_KEY": admin_key} if admin_key else {})}
@@ -32,9 +33,12 @@ class TritonServer:
         self.http_url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.gateway_url = f"http://127.0.0.1:{free_port()}" if gateway else None
         self.log_path = log_path
         cmd = [str(Path(root) / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
-               "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port), *(serve_args or [])]
+               "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
+               *(["--gateway-port", self.gateway_url.rsplit(":", 1)[1]] if gateway else ["--no-gateway"]),
+               *(serve_args or [])]
         if extra_args:
             cmd += ["--", *extra_args]
         self._log = open(log_path, "wb")
@@ -43,9 +47,13 @@ class TritonServer:
         self._wait_ready(ready_timeout)
 
     def is_ready(self) -> bool:
+        urls = [f"http://{self.http_url}/v2/health/ready"] + ([f"{self.gateway_url}/health"] if self.gateway_url else [])
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
+            for url in urls:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status != 200:
+                        return False
+            return True
         except OSError:
             return False
 

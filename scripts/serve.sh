@@ -3,18 +3,23 @@
 # command; the container runs it too). Installs what it needs first.
 #   scripts/serve.sh [--host ADDR] [--http-port N] [--grpc-port N]
 #                    [--metrics-port N] [--model-dir DIR] [--rerank-model-dir DIR]
-#                    [--model-repository DIR] [-- extra tritonserver flags]
+#                    [--model-repository DIR] [--gateway-port N] [--no-gateway]
+#                    [-- extra tritonserver flags]
+# Beside Triton it starts the OpenAI-compatible gateway (python -m gateway) on
+# --host:--gateway-port (default 8080) unless --no-gateway.
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
 # e.g. ROSE_MAX_BATCH_TOKENS), ROSE_RERANK_MODEL_DIR (a reranker folder: also
 # serve `rerank` and `score`; ROSE_RERANK_<PARAMETER> overrides the reranker's
 # parameters), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
-# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_WATCHDOG=0
+# ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_GATEWAY=0
+# (same as --no-gateway), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
 MODEL_REPOSITORY="$ROOT/model_repository"
+GATEWAY="${ROSE_GATEWAY:-1}" GATEWAY_PORT=8080
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -25,6 +30,8 @@ while [[ $# -gt 0 ]]; do
     --model-dir) export ROSE_MODEL_DIR="$2"; shift 2 ;;
     --rerank-model-dir) export ROSE_RERANK_MODEL_DIR="$2"; shift 2 ;;
     --model-repository) MODEL_REPOSITORY="$2"; shift 2 ;;
+    --gateway-port) GATEWAY_PORT="$2"; shift 2 ;;
+    --no-gateway) GATEWAY=0; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option $1" >&2; exit 2 ;;
@@ -83,6 +90,7 @@ fi
 
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2
 [[ -z "${ROSE_RERANK_MODEL_DIR:-}" ]] || echo "[serve] reranker folder: $ROSE_RERANK_MODEL_DIR (models rerank, score)" >&2
+[[ "$GATEWAY" == 1 ]] && echo "[serve] OpenAI-compatible API http://$HOST:$GATEWAY_PORT/v1 (gateway)" >&2
 echo "[serve] model folder: ${ROSE_MODEL_DIR:-embedded all-MiniLM-L6-v2}; ready when http://$HOST:$HTTP_PORT/v2/health/ready answers 200" >&2
 ARGS=(
   --model-repository "$MODEL_REPOSITORY"
@@ -95,29 +103,49 @@ ARGS=(
   --grpc-restricted-protocol="$ADMIN_APIS:rose-admin-key=$ADMIN_KEY"
   "${EXTRA[@]}"
 )
+WATCHDOG=1
 if [[ "${ROSE_WATCHDOG:-1}" == "0" ]]; then
-  exec "$TRITONSERVER" "${ARGS[@]}"
-fi
-if [[ ! -f "$ROOT/scripts/watchdog.py" ]]; then
+  WATCHDOG=0
+elif [[ ! -f "$ROOT/scripts/watchdog.py" ]]; then
   echo "[serve] WARNING: $ROOT/scripts/watchdog.py is missing; running without the watchdog" >&2
+  WATCHDOG=0
+fi
+if [[ "$WATCHDOG" == 0 && "$GATEWAY" == 0 ]]; then
   exec "$TRITONSERVER" "${ARGS[@]}"
 fi
 # Supervised (default): Triton 2.51 never recovers from a dead Python model
 # stub, so scripts/watchdog.py stops such a server (exit 3) and this loop starts
-# a fresh one. SIGTERM/SIGINT stop the server and end the loop.
-STOPPING=0 TRITON_PID="" WATCHDOG_PID=""
-trap 'STOPPING=1; [[ -z "$TRITON_PID" ]] || kill -TERM "$TRITON_PID" 2>/dev/null || true' TERM INT
+# a fresh one; the gateway keeps running and finds the new server by itself.
+# SIGTERM/SIGINT stop the server and the gateway and end the loop.
+STOPPING=0 TRITON_PID="" WATCHDOG_PID="" GATEWAY_PID=""
+# The gateway stops too (it answers what it holds, then closes its streams:
+# Triton waits for open streams before it exits).
+trap 'STOPPING=1; [[ -z "$GATEWAY_PID" ]] || kill -TERM "$GATEWAY_PID" 2>/dev/null || true
+      [[ -z "$TRITON_PID" ]] || kill -TERM "$TRITON_PID" 2>/dev/null || true' TERM INT
+finish() {
+  [[ -z "$WATCHDOG_PID" ]] || kill "$WATCHDOG_PID" 2>/dev/null || true
+  if [[ -n "$GATEWAY_PID" ]]; then kill -TERM "$GATEWAY_PID" 2>/dev/null || true; wait "$GATEWAY_PID" || true; fi
+  exit "$1"
+}
+if [[ "$GATEWAY" == 1 ]]; then
+  python3 -m gateway --triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT" \
+    --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" &
+  GATEWAY_PID=$!
+fi
 while true; do
   "$TRITONSERVER" "${ARGS[@]}" &
   TRITON_PID=$!
-  python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
-    --interval "${ROSE_WATCHDOG_INTERVAL:-5}" ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
-  WATCHDOG_PID=$!
+  if [[ "$WATCHDOG" == 1 ]]; then
+    python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
+      --interval "${ROSE_WATCHDOG_INTERVAL:-5}" ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
+    WATCHDOG_PID=$!
+  fi
   status=0
   while kill -0 "$TRITON_PID" 2>/dev/null; do status=0; wait "$TRITON_PID" || status=$?; done
-  if [[ "$STOPPING" == 1 ]]; then kill "$WATCHDOG_PID" 2>/dev/null || true; exit "$status"; fi
+  if [[ "$STOPPING" == 1 || "$WATCHDOG" == 0 ]]; then finish "$status"; fi
   verdict=0
   wait "$WATCHDOG_PID" || verdict=$?
-  [[ "$verdict" == 3 && "$STOPPING" == 0 ]] || exit "$status"
+  WATCHDOG_PID=""
+  [[ "$verdict" == 3 && "$STOPPING" == 0 ]] || finish "$status"
   echo "[serve] a model stub died (see [watchdog] above); starting a fresh tritonserver" >&2
 done

@@ -26,8 +26,10 @@ def server(tmp_path_factory):
     """A real tritonserver on loopback serving model_repository/ (default model).
 
     It has an admin key (perf_analyzer needs the statistics API); the security
-    tests check that requests without it are refused."""
-    instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log", admin_key=secrets.token_hex(16))
+    tests check that requests without it are refused. The launcher's gateway
+    runs beside it (`server.gateway_url`), as with `make serve`."""
+    instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log", admin_key=secrets.token_hex(16),
+                            gateway=True)
     yield instance
     instance.stop()
 

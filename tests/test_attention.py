@@ -55,7 +55,7 @@ def test_masked_graph_plan_with_dummy_sequences(causal):
     batch = PackedBatch.from_sequences([np.zeros(n, dtype=np.int64) for n in lengths])
     padded = pad_batch(batch, (8, 64))
     backend = MaskedSdpaBackend(causal)
-    plan = backend.graph_plan(8, 64, torch.device("cpu"))
+    plan = backend.graph_plan(8, 64, torch.device("cpu"), 64)
     backend.update_graph_plan(plan, padded.cu_seqlens)
     pad = lambda t: torch.cat([t, torch.full((64 - t.shape[0], *t.shape[1:]), 1e4)])  # large garbage in the padding
     out = backend.forward(pad(q), pad(k), pad(v), plan)
@@ -97,13 +97,16 @@ def _gpu_agreement(name, dtype=torch.bfloat16):
     lengths = [1, 7, 130, 64, 3, 513]
     for causal in (False, True):
         q, k, v, cu_seqlens = ragged_qkv(lengths, 16, 8, 128, device, dtype)
+        # strided views of one [tokens, (16 + 8 + 8) * 128] tensor, as the fused qkv projection gives them
+        fused = torch.cat([t.flatten(1) for t in (q, k, v)], dim=1)
+        q, k, v = (t.unflatten(1, (-1, 128)) for t in fused.split([16 * 128, 8 * 128, 8 * 128], dim=1))
         backend = select_backend(name, device, dtype, AttentionShape(16, 8, 128, causal))
         out = backend.forward(q, k, v, backend.plan(cu_seqlens, max(lengths), device)).float()
         torch.testing.assert_close(out, reference_attention(q, k, v, cu_seqlens, causal), atol=2e-2, rtol=2e-2)
         if not backend.supports_graphs:
             continue
         # and through a padded graph plan: 2 dummy sequences, 64 padding tokens
-        plan = backend.graph_plan(len(lengths) + 2, sum(lengths) + 64, device)
+        plan = backend.graph_plan(len(lengths) + 2, sum(lengths) + 64, device, 1024)  # max_seqlen bucket
         backend.update_graph_plan(plan, np.concatenate([cu_seqlens, [cu_seqlens[-1]] * 2]).astype(np.int32))
         pad = lambda t: torch.cat([t, torch.zeros(64, *t.shape[1:], device=device, dtype=dtype)])
         padded = backend.forward(pad(q), pad(k), pad(v), plan)[:sum(lengths)].float()

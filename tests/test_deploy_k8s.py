@@ -109,3 +109,32 @@ def test_configmap_settings_reach_the_engine_configuration():
         EncoderConfig.from_parameters({}, **env_overrides(EncoderConfig, {"ROSE_MAX_BATCH_TOKENS": "lots"}))
     assert env_overrides(EncoderConfig, {"ROSE_MODEL_DIR": ""}) == {}  # empty = keep config.pbtxt's
     assert image_env()["ROSE_SKIP_SETUP"] == "1" and "ROSE_SKIP_SETUP" not in settings
+
+
+def test_gateway_role_runs_the_same_image_against_the_headless_service():
+    from gateway.config import parse_args
+
+    pod = load("gateway-deployment.yaml")["spec"]["template"]
+    (gateway,) = pod["spec"]["containers"]
+    assert gateway["image"] == container()["image"]
+    assert gateway["command"][:3] == ["python3", "-m", "gateway"]
+    config = parse_args(gateway["command"][3:])
+    headless = load("service-headless.yaml")
+    grpc_port = {p["name"]: p["port"] for p in headless["spec"]["ports"]}["grpc"]
+    assert config.triton == (f"dns:///{headless['metadata']['name']}:{grpc_port}",)
+    assert config.host == "0.0.0.0" and gateway["ports"][0]["containerPort"] == config.port
+    assert gateway["envFrom"] == container()["envFrom"]  # the same model folder as the tokenizer
+    assert "nvidia.com/gpu" not in gateway["resources"].get("limits", {})
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/health"
+    # the Triton pods run Triton only, and their Services never select gateway pods
+    assert {"name": "ROSE_GATEWAY", "value": "0"} in container()["env"]
+    for name in ("service.yaml", "service-headless.yaml", "pdb.yaml"):
+        spec = load(name)["spec"]
+        selector = spec.get("selector", {}).get("matchLabels") or spec["selector"]
+        assert not selector.items() <= pod["metadata"]["labels"].items()
+    service = load("gateway-service.yaml")["spec"]
+    assert service["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["ports"][0]["port"] == config.port and service["ports"][0]["targetPort"] == "http"
+    hpa = load("gateway-hpa.yaml")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "rose-gateway"}
+    assert hpa["metrics"][0]["resource"]["name"] == "cpu" and gateway["resources"]["requests"]["cpu"]

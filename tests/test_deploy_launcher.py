@@ -9,6 +9,7 @@ import signal
 import sys
 import sysconfig
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ def container_mode_server(tmp_path_factory):
     command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
     tritonserver_flags = command[command.index("--") + 1:]
     server = TritonServer(tmp_path_factory.mktemp("container") / "server.log", env=env,
-                          extra_args=tritonserver_flags)
+                          extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
     yield server
     server.stop()
 
@@ -45,6 +46,17 @@ def container_mode_server(tmp_path_factory):
 def test_container_start_path_serves(container_mode_server, reference_model):
     texts = ["container mode", "ConfigMap settings reach the engine"]
     rows = embed_stream(container_mode_server.grpc_url, texts)
+    reference = reference_model.encode(texts, normalize_embeddings=True)
+    np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+
+
+def test_container_start_path_runs_the_gateway(container_mode_server, reference_model):
+    texts = ["the gateway in the image"]
+    body = json.dumps({"model": "all-MiniLM-L6-v2", "input": texts, "encoding_format": "float"}).encode()
+    request = urllib.request.Request(f"{container_mode_server.gateway_url}/v1/embeddings", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        rows = np.array([d["embedding"] for d in json.load(response)["data"]])
     reference = reference_model.encode(texts, normalize_embeddings=True)
     np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +12,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_dry_run(tmp_path):
-    run = subprocess.run([str(REPO / "perf" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
-                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=240)
+def test_gpu_check_dry_run_writes_harness_json_to_a_temporary_folder():
+    results_before = sorted(p.name for p in (REPO / "perf" / "results").iterdir())
+    run = subprocess.run([str(REPO / "perf" / "gpu_check.sh"), "--dry-run"],
+                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads((tmp_path / "latency.json").read_text())
-    assert report["dry_run"] and report["all_cosines_ok"]
-    assert set(report["results"]) == {"rose_eager", "rose_graphs", "hf_transformers"}
-    for system in report["results"].values():
-        assert set(system) == {"8", "40"} and all(r["n"] == 1 and r["p99_ms"] > 0 for r in system.values())
-    stats = report["graph_stats"]
-    assert stats["eager_runs"] == 1 and stats["captures"] == 1 and stats["replays"] > 0  # one (1, 64) graph
+    out = Path(re.search(r"\[gpu_check\] results in (\S+)", run.stderr).group(1))
+    try:
+        assert REPO / "perf" / "results" not in out.parents
+        assert sorted(p.name for p in (REPO / "perf" / "results").iterdir()) == results_before
+
+        served = json.loads((out / "gpu_served.json").read_text())
+        assert served["ok"] and served["dry_run"] and served["concurrency"]["errors"] == []
+        assert served["concurrency"]["min_cosine_vs_fp32"] >= 0.999 and served["concurrency"]["requests"] > 1
+        assert {c["scenario"][0] for c in served["cells"]} == {"1", "2", "3"}
+        assert all(c["results"]["rose"]["n"] > 0 for c in served["cells"])
+        stats = served["graph_stats"]
+        assert stats["replays"] > 0 and stats["capture_failures"] == 0
+        assert "# Benchmark `gpu-served-dry-run`" in (out / "gpu_served.md").read_text()  # the harness renders it
+
+        latency = json.loads((out / "latency.json").read_text())
+        assert latency["dry_run"] and latency["all_cosines_ok"]
+        assert set(latency["results"]) == {"rose_eager", "rose_graphs", "hf_transformers"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

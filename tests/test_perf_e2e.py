@@ -1,7 +1,7 @@
 """The perf harness against the real server: timing only after a passing warm-up check."""
 import numpy as np
 
-from perf.lineup import rose_target
+from perf.lineup import gateway_target, rose_target
 from perf.profiles import Cell, Profile
 from perf.runner import run_profile
 
@@ -28,10 +28,13 @@ class WrongNumbers:
 def test_profile_runs_against_the_server_and_refuses_wrong_numbers(server, model_dir, tmp_path):
     profile = Profile("test", "e2e", CELLS, ("rose",), warmup_requests=2, pool_requests=4)
     model = {"dir": model_dir, "name": "default", "max_positions": 512, "config": {}}
-    targets = {"rose": rose_target(server.grpc_url), "wrong": WrongNumbers()}
+    targets = {"rose": rose_target(server.grpc_url), "gateway": gateway_target(server.gateway_url),
+               "wrong": WrongNumbers()}
     results = run_profile(profile, list(CELLS), targets, model, {}, tmp_path / "r.json", {}, quiet=(1.0, 0))
     seq, load = (c["results"] for c in results["cells"])
     assert seq["rose"]["n"] == 6 and seq["rose"]["min_cosine"] >= 0.999 and seq["rose"]["input_used"] == "tokens"
     assert load["rose"]["embeddings_per_s"] > 0 and load["rose"]["min_cosine"] >= 0.999
+    assert seq["gateway"]["n"] == 6 and seq["gateway"]["min_cosine"] >= 0.999  # through /v1/embeddings
+    assert seq["gateway"]["input_used"] == "tokens" and load["gateway"]["min_cosine"] >= 0.999
     for res in (seq["wrong"], load["wrong"]):
         assert "warm-up check failed" in res["error"] and "p50_ms" not in res

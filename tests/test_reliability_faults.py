@@ -3,6 +3,7 @@ admission control, the bounded tokenizer queue, the admin key, and a killed
 encoder stub (the watchdog restarts the server). The kill test runs last."""
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -25,6 +26,7 @@ from engine_lib.tokenization import TextTokenizer
 from reliability_helpers import children, encode_ids, metric_value
 from texts import LONG_TEXTS, MEDIUM_TEXTS
 from rose_triton.server import REPO, TritonServer
+from gateway_process import GatewayProcess
 
 ADMIN_KEY = "test-admin-key-0123456789"
 LIMITS = {  # (model, parameter or queue size) -> value
@@ -52,7 +54,7 @@ def limited(tmp_path_factory):
     folder = tmp_path_factory.mktemp("limited")
     instance = TritonServer(folder / "server.log", serve_args=["--model-repository",
                                                                str(small_limits_repository(folder / "repo"))],
-                            env={"ROSE_ADMIN_KEY": ADMIN_KEY, "ROSE_WATCHDOG_INTERVAL": "1"})
+                            env={"ROSE_ADMIN_KEY": ADMIN_KEY, "ROSE_WATCHDOG_INTERVAL": "1"}, gateway=True)
     yield instance
     instance.stop()
 
@@ -178,10 +180,48 @@ def test_memory_stays_bounded_under_a_flood(limited, model_dir, record_property)
     assert after - before < 200, summary
 
 
+def gateway_embed(gateway_url, texts):
+    """POST /v1/embeddings -> (status, headers, body)."""
+    body = json.dumps({"model": "all-MiniLM-L6-v2", "input": texts, "encoding_format": "float"}).encode()
+    request = urllib.request.Request(f"{gateway_url}/v1/embeddings", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, dict(response.headers), json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.load(exc)
+
+
+def test_gateway_answers_429_while_the_encoder_queue_is_full(limited, reference_model, tmp_path):
+    """A gateway allowed 16 chunks in flight and one attempt per chunk, in front of an
+    encoder that queues 6 requests: the overflow gets 429 + Retry-After, the rest is right."""
+    gateway = GatewayProcess(tmp_path / "gateway.log", [limited.grpc_url],
+                             ["--max-inflight-per-replica", "16", "--max-chunk-attempts", "1"])
+    texts = [LONG_TEXTS[i % 3] + f" via the gateway {i}" for i in range(4)]  # ~1000 tokens: one chunk
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            outcomes = list(pool.map(lambda _: gateway_embed(gateway.url, texts), range(16)))
+    finally:
+        gateway.stop()
+    refused = [(h, b) for status, h, b in outcomes if status == 429]
+    accepted = [b for status, _, b in outcomes if status == 200]
+    assert refused and accepted and len(refused) + len(accepted) == 16, [o[0] for o in outcomes]
+    for headers, body in refused:
+        assert {k.lower(): v for k, v in headers.items()}["retry-after"] == "1"
+        assert "overloaded" in body["error"]["message"] and body["error"]["code"] == "rate_limit_exceeded"
+    reference = reference_model.encode(texts, normalize_embeddings=True)
+    for body in accepted:
+        rows = np.array([d["embedding"] for d in body["data"]])
+        np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+
+
 def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(limited):
     (triton_pid, _), = [c for c in children(limited.process.pid) if "bin/tritonserver" in c[1]]
     (stub_pid, _), = [c for c in children(triton_pid) if "rose_encoder/1/model.py" in c[1]]
     outcomes: queue.Queue = queue.Queue()
+    with ThreadPoolExecutor(4) as pool:  # the launcher's gateway opens a stream per slot before the kill
+        assert [o[0] for o in pool.map(lambda i: gateway_embed(limited.gateway_url, [f"before {i}"]), range(4))] \
+            == [200] * 4
 
     def call(way, url, number):  # ~1000 tokens each: five fit the encoder's queue limits
         texts = [t + f" in flight {number}" for t in LONG_TEXTS] + LONG_TEXTS[:1]
@@ -213,6 +253,9 @@ def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(li
     print(f"ready again {time.monotonic() - killed_at:.1f}s after the kill")
     assert embed_stream(limited.grpc_url, ["back again"]).shape == (1, 384)
     assert embed_unary_http(limited.http_url, ["back again"]).shape == (1, 384)
+    # serve.sh kept the gateway; its streams to the old server are dead and get reopened
+    status, _, body = gateway_embed(limited.gateway_url, ["back again"] * 3)
+    assert status == 200 and len(body["data"]) == 3, body
     log = limited.log_tail(200_000)
     assert "Stub process 'rose_encoder_0_0' is not healthy" in log
     assert "[serve] a model stub died" in log

@@ -36,7 +36,7 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
 def served(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
     save_reranker(request.param, folder)
-    server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)])
+    server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True)
     yield request.param, folder, server
     server.stop()
 
@@ -97,6 +97,30 @@ def test_every_path_matches_reference(served):
         np.testing.assert_allclose(other, streamed, atol=1e-6)
     raw = score_unary(server, [QUERY], DOCS, {"raw_scores": True})
     np.testing.assert_allclose(raw, logits, rtol=1e-3, atol=1e-5)
+
+
+def test_gateway_rerank_endpoint_matches_reference(served):
+    """POST /v1/rerank on the launcher's gateway (Cohere/Jina shape) over the `rerank` ensemble."""
+    kind, folder, server = served
+
+    def rerank(body):
+        request = urllib.request.Request(f"{server.gateway_url}/v1/rerank", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.load(response)["results"]
+
+    probs, logits = reference_scores(kind, folder, QUERY, DOCS)
+    results = rerank({"model": "rerank", "query": QUERY, "documents": DOCS, "top_n": 3})
+    assert [r["index"] for r in results] == list(np.argsort(-probs, kind="stable")[:3])
+    for r in results:
+        assert abs(r["relevance_score"] - probs[r["index"]]) < 1e-3 and r["document"]["text"] == DOCS[r["index"]]
+    raw = rerank({"query": QUERY, "documents": [{"text": d} for d in DOCS], "raw_scores": True,
+                  "return_documents": False})
+    assert len(raw) == len(DOCS) and all("document" not in r for r in raw)
+    np.testing.assert_allclose([r["relevance_score"] for r in sorted(raw, key=lambda r: r["index"])], logits,
+                               rtol=1e-3, atol=1e-5)
+    with urllib.request.urlopen(f"{server.gateway_url}/v1/models", timeout=10) as response:
+        assert [m["id"] for m in json.load(response)["data"]] == ["all-MiniLM-L6-v2", "rerank"]
 
 
 def test_long_document_is_cut_and_query_kept(served):

@@ -85,7 +85,8 @@ LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 as IPv4
 
 
 def test_server_listens_on_loopback_only(server):
-    for port in (server.http_port, server.grpc_port, server.metrics_port):
+    gateway_port = int(server.gateway_url.rsplit(":", 1)[1])  # the launcher's gateway too
+    for port in (server.http_port, server.grpc_port, server.metrics_port, gateway_port):
         addresses = listening_addresses(port)
         assert addresses and addresses <= LOOPBACK, (port, addresses)
 

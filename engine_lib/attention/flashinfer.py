@@ -35,6 +35,7 @@ class _Slot:
 class FlashInferBackend:
     name = "flashinfer"
     supports_graphs = True
+    graph_keys_max_seqlen = False  # plan() sizes the launch from the real lengths
 
     def __init__(self, shape, dtype: torch.dtype, device: torch.device):
         import flashinfer
@@ -57,7 +58,7 @@ class FlashInferBackend:
         slot.replan(self, cu_seqlens)
         return slot
 
-    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> _Slot:
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int) -> _Slot:
         wrapper = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True,
             qo_indptr_buf=torch.zeros(num_seqs + 1, dtype=torch.int32, device=device),
@@ -71,4 +72,5 @@ class FlashInferBackend:
         plan.replan(self, cu_seqlens)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Slot) -> torch.Tensor:
-        return plan.wrapper.run(q, k, v)
+        # Fused projections give strided q/k/v views; the ragged kernel is given dense ones.
+        return plan.wrapper.run(q.contiguous(), k.contiguous(), v.contiguous())

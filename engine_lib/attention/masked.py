@@ -33,6 +33,7 @@ class MaskedPlan:
 class MaskedSdpaBackend:
     name = "masked"
     supports_graphs = True
+    graph_keys_max_seqlen = False
 
     def __init__(self, causal: bool):
         self.causal = causal
@@ -41,7 +42,7 @@ class MaskedSdpaBackend:
         seq_ids = token_seq_ids(cu_seqlens, int(cu_seqlens[-1]))
         return MaskedPlan(host_tensor(seq_ids, device).to(device, non_blocking=True))
 
-    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> MaskedPlan:
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int) -> MaskedPlan:
         return MaskedPlan(torch.full((num_tokens,), PAD_SEQ_ID, dtype=torch.int64, device=device))
 
     def update_graph_plan(self, plan: MaskedPlan, cu_seqlens: np.ndarray) -> None:

@@ -1,8 +1,8 @@
 """torch's own ragged FlashAttention (`torch.nn.attention.varlen.varlen_attn`), CUDA only.
 
 Signatures differ across torch releases (`is_causal=` in early ones,
-`window_size=(-1, 0)` and `enable_gqa=` later); the backend adapts once at
-construction. Its plan is cu_seqlens on the device plus an int max_seqlen, so
+`window_size=(-1, 0)` later, and a Python-side head check that wants
+`enable_gqa=True` in the newest); the backend adapts once at construction. Its plan is cu_seqlens on the device plus an int max_seqlen, so
 a graph's plan is a static cu_seqlens buffer and the bucket's token count.
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ class VarlenPlan:
 class VarlenBackend:
     name = "varlen"
     supports_graphs = True
+    graph_keys_max_seqlen = True
 
     def __init__(self, causal: bool):
         self._attn = _varlen_attn()
@@ -57,19 +58,18 @@ class VarlenBackend:
         cu = host_tensor(cu_seqlens.astype(np.int32, copy=False), device).to(device, non_blocking=True)
         return VarlenPlan(cu, int(max_seqlen))
 
-    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device) -> VarlenPlan:
-        return VarlenPlan(torch.zeros(num_seqs + 1, dtype=torch.int32, device=device), num_tokens)
+    def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int) -> VarlenPlan:
+        # max_seqlen is the graph's bucket (>= every batch it replays): it sizes the launch grid.
+        return VarlenPlan(torch.zeros(num_seqs + 1, dtype=torch.int32, device=device), max_seqlen)
 
     def update_graph_plan(self, plan: VarlenPlan, cu_seqlens: np.ndarray) -> None:
         plan.cu_seqlens.copy_(host_tensor(cu_seqlens.astype(np.int32, copy=False), plan.cu_seqlens.device),
                               non_blocking=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> torch.Tensor:
+        # K/V with fewer heads go straight to the kernel (FlashAttention groups query heads itself);
+        # releases that check head counts in Python ask for enable_gqa=True.
         kwargs = self._kwargs
-        if q.shape[1] != k.shape[1]:
-            if self._native_gqa:
-                kwargs = {**kwargs, "enable_gqa": True}
-            else:
-                groups = q.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if q.shape[1] != k.shape[1] and self._native_gqa:
+            kwargs = {**kwargs, "enable_gqa": True}
         return self._attn(q, k, v, plan.cu_seqlens, plan.cu_seqlens, plan.max_seqlen, plan.max_seqlen, **kwargs)

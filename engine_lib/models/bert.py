@@ -5,6 +5,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .fused import FusedLinear
+
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 
 
@@ -33,16 +35,13 @@ class BertAttention(nn.Module):
         hidden = cfg["hidden_size"]
         self.num_heads = cfg["num_attention_heads"]
         self.head_dim = hidden // self.num_heads
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(hidden, hidden)
-        self.value = nn.Linear(hidden, hidden)
+        self.qkv = FusedLinear(hidden, (hidden, hidden, hidden))  # checkpoint query/key/value
         self.dense = nn.Linear(hidden, hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=cfg["layer_norm_eps"])
         self.backend = backend
 
     def forward(self, hidden: torch.Tensor, plan) -> torch.Tensor:
-        shape = (hidden.shape[0], self.num_heads, self.head_dim)
-        q, k, v = (proj(hidden).view(shape) for proj in (self.query, self.key, self.value))
+        q, k, v = self.qkv(hidden).view(hidden.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
         context = self.backend.forward(q, k, v, plan).reshape(hidden.shape)
         return self.LayerNorm(hidden + self.dense(context))
 
@@ -71,9 +70,14 @@ class BertLayer(nn.Module):
 
 class BertModel(nn.Module):
     position_offset = 0
+    # checkpoint key fragment -> (our fused module path fragment, part index)
+    checkpoint_fusions = (
+        (".attention.self.query.", ".attention.qkv.", 0),
+        (".attention.self.key.", ".attention.qkv.", 1),
+        (".attention.self.value.", ".attention.qkv.", 2),
+    )
     # checkpoint key fragment -> our module path fragment
     checkpoint_renames = (
-        (".attention.self.", ".attention."),
         (".attention.output.dense.", ".attention.dense."),
         (".attention.output.LayerNorm.", ".attention.LayerNorm."),
         (".intermediate.dense.", ".mlp.intermediate."),

@@ -5,6 +5,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .fused import FusedLinear
+
 
 def rope_theta(cfg: dict) -> float:
     """transformers >= 5 nests it in `rope_parameters`; older configs keep it at the top level."""
@@ -21,10 +23,9 @@ class Qwen3RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in fp32, scale in the compute dtype: the same rounding as the reference.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # One fused op (fp32 statistics inside); the reference scales after rounding to the
+        # compute dtype, this scales before: identical in fp32, within rounding in bf16/fp16.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Qwen3RotaryEmbedding(nn.Module):
@@ -43,12 +44,13 @@ class Qwen3RotaryEmbedding(nn.Module):
         freqs = torch.arange(self.max_positions, dtype=torch.float, device=device)[:, None] * inv_freq[None, :]
         self.cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_positions, head_dim] fp32
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)  # [num_tokens, 1, head_dim/2]
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+    def cos_sin_for(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each [num_tokens, 1, head_dim/2]: computed once per forward, shared by every layer."""
+        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -56,27 +58,27 @@ class Qwen3RotaryEmbedding(nn.Module):
 class Qwen3Attention(nn.Module):
     """Grouped-query attention with per-head RMSNorm on q and k before RoPE."""
 
-    def __init__(self, cfg: dict, backend, rotary: Qwen3RotaryEmbedding):
+    def __init__(self, cfg: dict, backend):
         super().__init__()
         hidden, bias = cfg["hidden_size"], cfg.get("attention_bias", False)
         self.num_heads = cfg["num_attention_heads"]
         self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
         self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = FusedLinear(hidden, (q_size, kv_size, kv_size), bias=bias)  # checkpoint q/k/v_proj
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.q_norm = Qwen3RMSNorm(self.head_dim, cfg["rms_norm_eps"])
         self.k_norm = Qwen3RMSNorm(self.head_dim, cfg["rms_norm_eps"])
         self.backend = backend
-        self.rotary = (rotary,)  # shared table; a tuple keeps it out of this module's state_dict
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q = self.q_norm(self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary[0](positions, q, k)
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.parts, dim=-1)
+        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = Qwen3RotaryEmbedding.rotate(q, *rope), Qwen3RotaryEmbedding.rotate(k, *rope)
+        # K/V keep num_kv_heads: every backend takes grouped-query attention without a repeat.
         context = self.backend.forward(q, k, v, plan)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(context.reshape(num_tokens, self.num_heads * self.head_dim))
 
@@ -88,26 +90,27 @@ class Qwen3MLP(nn.Module):
         super().__init__()
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
-        self.gate_proj = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"], bias=False)
-        self.up_proj = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"], bias=False)
-        self.down_proj = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"], bias=False)
+        inter = cfg["intermediate_size"]
+        self.gate_up_proj = FusedLinear(cfg["hidden_size"], (inter, inter), bias=False)  # checkpoint gate/up_proj
+        self.down_proj = nn.Linear(inter, cfg["hidden_size"], bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Qwen3Layer(nn.Module):
     """Pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: dict, backend, rotary: Qwen3RotaryEmbedding):
+    def __init__(self, cfg: dict, backend):
         super().__init__()
         self.input_layernorm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
-        self.self_attn = Qwen3Attention(cfg, backend, rotary)
+        self.self_attn = Qwen3Attention(cfg, backend)
         self.post_attention_layernorm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
         self.mlp = Qwen3MLP(cfg)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, plan) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, plan)
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, plan)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -119,6 +122,13 @@ class Qwen3Model(nn.Module):
     """
 
     checkpoint_prefixes = ("model.",)
+    checkpoint_fusions = (
+        (".self_attn.q_proj.", ".self_attn.qkv_proj.", 0),
+        (".self_attn.k_proj.", ".self_attn.qkv_proj.", 1),
+        (".self_attn.v_proj.", ".self_attn.qkv_proj.", 2),
+        (".mlp.gate_proj.", ".mlp.gate_up_proj.", 0),
+        (".mlp.up_proj.", ".mlp.gate_up_proj.", 1),
+    )
     checkpoint_renames = ()
     ignored_keys = ("lm_head.", "score.")
 
@@ -134,7 +144,7 @@ class Qwen3Model(nn.Module):
         self.max_positions = cfg["max_position_embeddings"]
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         self.rotary = Qwen3RotaryEmbedding(head_dim, self.max_positions, rope_theta(cfg))
-        self.layers = nn.ModuleList(Qwen3Layer(cfg, backend, self.rotary) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, backend) for _ in range(cfg["num_hidden_layers"]))
         self.norm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
 
     def init_buffers(self) -> None:
@@ -143,6 +153,7 @@ class Qwen3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan,
                 token_types: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # token_types: Qwen3 has no segments  # [num_tokens, hidden]
+        rope = self.rotary.cos_sin_for(positions, hidden.dtype)
         for layer in self.layers:
-            hidden = layer(hidden, positions, plan)
+            hidden = layer(hidden, rope, plan)
         return self.norm(hidden)  # [num_tokens, hidden]

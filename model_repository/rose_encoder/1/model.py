@@ -44,8 +44,7 @@ class TritonPythonModel:
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         sink = TritonMetricSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
-        service = self.encoder.service
-        self.publisher = MetricsPublisher(service.metrics, service.queue_depth, sink)
+        self.publisher = MetricsPublisher(self.encoder.service.metrics, self.encoder.gauges, sink)
 
     def execute(self, requests):
         received_at = time.perf_counter()

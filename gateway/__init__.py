@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP gateway: tokenizes, splits and balances over Triton replicas."""

@@ -1,0 +1,212 @@
+"""The ASGI app (Starlette): routes, authentication, error mapping, metrics."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from engine_lib.model_folder import DEFAULT_MODEL
+from rose_client.aio import ChunkRefused
+from rose_client.dispatch import JobFailed
+
+from . import embeddings, rerank
+from .backend import Backend
+from .config import DEFAULT_MODEL_NAME, GatewayConfig
+from .errors import ApiError, bad_request, model_not_found, too_large
+from .metrics import GatewayMetrics
+from .tokenizing import Encoded, GatewayTokenizer
+
+log = logging.getLogger("gateway")
+INLINE_CHARS = 16384  # smaller text inputs are tokenized on the event loop, larger ones in the pool
+MAX_RERANK_DOCUMENTS = 4096
+
+
+def json_response(body, status: int = 200) -> Response:
+    return Response(body if isinstance(body, bytes) else orjson.dumps(body), status, media_type="application/json")
+
+
+def served_model_name(config: GatewayConfig, model_dir: str) -> str:
+    if config.model_name:
+        return config.model_name
+    if config.model_dir in ("", DEFAULT_MODEL):
+        return DEFAULT_MODEL_NAME
+    return os.path.basename(os.path.normpath(model_dir))
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.tokenizer = GatewayTokenizer(config.tokenizer_config, config.model_dir)
+        self.model_name = served_model_name(config, self.tokenizer.model_dir)
+        self.metrics = GatewayMetrics()
+        self.backend = Backend(config, self.metrics)
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self.pending_tokens = 0
+        self.started = time.time()
+
+    def authorize(self, request: Request) -> None:
+        if not self.config.api_keys:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not any(hmac.compare_digest(key.strip(), k) for k in self.config.api_keys):
+            raise ApiError(401, "missing or invalid API key: send Authorization: Bearer <key>", None,
+                           "invalid_api_key")
+
+    async def read_json(self, request: Request) -> dict:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large(f"request body is {declared} bytes; at most {limit}")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise too_large(f"request body is over {limit} bytes")
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise bad_request("request body must be a JSON object")
+        return parsed
+
+    def require_ready(self) -> None:
+        if not self.backend.any_ready:
+            raise ApiError(503, "no Triton replica is ready", None, "no_replica_ready", retry_after=1)
+
+    def admit(self, num_tokens: int) -> None:
+        if self.pending_tokens + num_tokens > self.config.max_pending_tokens:
+            raise ApiError(429, f"the gateway holds {self.pending_tokens} tokens in flight; "
+                                f"at most {self.config.max_pending_tokens}: retry later", None,
+                           "rate_limit_exceeded", retry_after=1)
+
+    async def embeddings(self, request: Request) -> Response:
+        self.authorize(request)
+        req = embeddings.parse_request(await self.read_json(request))
+        if req.model != self.model_name:
+            raise model_not_found(req.model, [self.model_name])
+        self.require_ready()
+        encoded = await self._encode(req)
+        num_tokens = int(encoded.seq_lens.sum())
+        rows = await self._dispatch(self.backend.embed(encoded, req.parameters()), num_tokens)
+        self.metrics.tokens.inc(num_tokens)
+        self.metrics.inputs.labels("embeddings").inc(req.num_inputs)
+        return json_response(embeddings.render_response(rows, self.model_name, req.encoding_format, num_tokens))
+
+    async def _encode(self, req: embeddings.EmbeddingRequest) -> Encoded:
+        if req.token_ids is not None:
+            return self.tokenizer.encode_ids(req.token_ids, req.truncate)
+        self.tokenizer.check_texts(req.texts)
+        if sum(map(len, req.texts)) <= INLINE_CHARS:
+            return self.tokenizer.encode_texts(req.texts, req.input_type, req.truncate)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, self.tokenizer.encode_texts, req.texts, req.input_type, req.truncate)
+
+    async def _dispatch(self, job, num_tokens: int, param: str = "input"):
+        """Run a backend job under the pending-token bound; map its failure to a status."""
+        try:
+            self.admit(num_tokens)
+        except ApiError:
+            job.close()
+            raise
+        self.pending_tokens += num_tokens
+        try:
+            return await job
+        except ChunkRefused as exc:
+            message = str(exc.error).split("invalid input: ", 1)[-1]
+            raise bad_request(message, "dimensions" if "'dimensions'" in message else param) from None
+        except JobFailed as exc:
+            if exc.last_error is not None and exc.last_error.overloaded:
+                raise ApiError(429, f"the encoders are overloaded: {exc}", None, "rate_limit_exceeded",
+                               retry_after=1) from None
+            raise ApiError(503, f"no replica could answer: {exc}", None, "replica_failed", retry_after=1) from None
+        finally:
+            self.pending_tokens -= num_tokens
+
+    async def rerank(self, request: Request) -> Response:
+        self.authorize(request)
+        req = rerank.parse_request(await self.read_json(request), MAX_RERANK_DOCUMENTS)
+        name = self.config.rerank_model_name
+        if req.model not in (None, name, "rerank"):
+            raise model_not_found(req.model, [name] if self.backend.reranker_served else [])
+        self.require_ready()
+        if not self.backend.reranker_served:
+            raise model_not_found(req.model or name, [], ": no reranker is served (start the launcher with "
+                                                         "--rerank-model-dir)")
+        scores = await self._dispatch(self.backend.rerank(req.query, req.documents, req.parameters),
+                                      len(req.documents), "documents")
+        self.metrics.inputs.labels("rerank").inc(len(req.documents))
+        return json_response(rerank.render_results(req, scores, name))
+
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        names = [self.model_name] + ([self.config.rerank_model_name] if self.backend.reranker_served else [])
+        data = [{"id": n, "object": "model", "created": int(self.started), "owned_by": "rose"} for n in names]
+        return json_response({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        ready = sum(self.backend.ready.values())
+        body = {"status": "ok" if ready else "unavailable", "replicas_ready": ready,
+                "replicas": len(self.backend.ready)}
+        return json_response(body, 200 if ready else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        dispatcher = self.backend.dispatcher
+        completed = {url: r.completed_chunks for url, r in dispatcher.tasks.replicas.items()}
+        text = self.metrics.render(dispatcher.inflight, completed, self.backend.ready, self.pending_tokens)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _endpoint(gateway: Gateway, name: str, handler):
+    async def run(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = exc.response()
+        gateway.metrics.requests.labels(name, str(response.status_code)).inc()
+        gateway.metrics.latency.labels(name).observe(time.perf_counter() - started)
+        return response
+    return run
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error on %s %s", request.method, request.url.path)
+    return ApiError(500, f"internal error: {type(exc).__name__}").response()
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    gateway = Gateway(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await gateway.backend.start()
+        log.info("gateway ready for %s on %s", gateway.model_name, list(config.triton))
+        yield
+        await gateway.backend.close()
+        gateway.pool.shutdown(wait=False)
+
+    routes = [Route("/v1/embeddings", _endpoint(gateway, "embeddings", gateway.embeddings), methods=["POST"]),
+              Route("/v1/rerank", _endpoint(gateway, "rerank", gateway.rerank), methods=["POST"]),
+              Route("/v1/models", _endpoint(gateway, "models", gateway.models), methods=["GET"]),
+              Route("/health", gateway.health, methods=["GET"]),
+              Route("/metrics", gateway.prometheus, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,133 @@
+"""The Triton side: replicas (DNS-resolved, health-checked), the async chunk
+dispatcher from rose_client, and the two calls the API makes."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from rose_client.aio import AsyncDispatcher
+from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+from rose_client.chunking import Chunk, plan_chunks
+from rose_client.replicas import resolve_replicas
+from rose_client.scheduling import RetryPolicy
+
+from .config import GatewayConfig
+from .metrics import GatewayMetrics
+from .tokenizing import Encoded
+
+log = logging.getLogger("gateway")
+
+ENCODER = "rose_encoder"
+RERANKER = "rerank"
+
+
+class Backend:
+    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics):
+        self.config = config
+        self.metrics = metrics
+        self.channels: dict[str, ReplicaChannel] = {}
+        self.ready: dict[str, bool] = {}
+        self.rerank_ready: dict[str, bool] = {}
+        self.dispatcher: AsyncDispatcher | None = None
+        self._loops: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        urls = await self._resolve()
+        retry = RetryPolicy(max_attempts=self.config.max_chunk_attempts, base_cooldown_s=0.1, max_cooldown_s=2.0,
+                            max_unavailable_s=10.0)
+        self.dispatcher = AsyncDispatcher(urls, self._slot, self.config.max_inflight_per_replica, retry,
+                                          on_retry=lambda url, exc: self.metrics.retries.labels(url).inc())
+        await self.dispatcher.start()
+        await self._check_health()
+        self._loops = [asyncio.create_task(self._health_loop()), asyncio.create_task(self._dns_loop())]
+
+    async def close(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
+        for channel in self.channels.values():
+            await channel.close()
+
+    @property
+    def any_ready(self) -> bool:
+        return any(self.ready.values())
+
+    @property
+    def reranker_served(self) -> bool:
+        return any(self.rerank_ready.values())
+
+    def _channel(self, url: str) -> ReplicaChannel:
+        if url not in self.channels:
+            self.channels[url] = ReplicaChannel(url)
+        return self.channels[url]
+
+    def _slot(self, url: str) -> AsyncStreamSlot:
+        return AsyncStreamSlot(self._channel(url), self.config.request_timeout_s)
+
+    async def _resolve(self) -> list[str]:
+        return await asyncio.get_running_loop().run_in_executor(None, resolve_replicas, list(self.config.triton))
+
+    async def _check_health(self) -> None:
+        urls = self.dispatcher.urls
+        ready = await asyncio.gather(*(self._channel(u).is_ready(ENCODER) for u in urls))
+        rerank = await asyncio.gather(*(self._channel(u).is_ready(RERANKER) for u in urls))
+        for url, now_ready in zip(urls, ready):
+            if self.ready.get(url) != now_ready:
+                log.info("replica %s %s", url, "ready" if now_ready else "not ready")
+            if not now_ready:  # e.g. stopping: let it exit without waiting for our idle streams
+                self._channel(url).drop_idle_streams()
+        self.ready, self.rerank_ready = dict(zip(urls, ready)), dict(zip(urls, rerank))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await self._check_health()
+
+    async def _dns_loop(self) -> None:
+        if not any(a.startswith("dns:///") for a in self.config.triton):
+            return
+        while True:
+            await asyncio.sleep(self.config.dns_refresh_s)
+            try:
+                urls = await self._resolve()
+            except (OSError, ValueError) as exc:  # keep the last good list
+                log.warning("resolving %s failed: %s", self.config.triton, exc)
+                continue
+            if urls != self.dispatcher.urls:
+                log.info("replicas now %s", urls)
+                self.dispatcher.set_replicas(urls)
+                for gone in set(self.channels) - set(urls):
+                    await self.channels.pop(gone).close()
+
+    async def embed(self, encoded: Encoded, parameters: dict) -> np.ndarray:
+        """-> float32 [num_inputs, D] in input order; raises rose_client's JobFailed."""
+        chunks = plan_chunks(encoded.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
+        offsets = encoded.offsets
+
+        def call(chunk: Chunk) -> Call:
+            ids = encoded.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
+            return Call(ENCODER, {"INPUT_IDS": ids, "SEQ_LENS": encoded.seq_lens[chunk.start:chunk.stop]},
+                        "EMBEDDINGS", parameters, rows=chunk.num_texts)
+
+        self.metrics.chunks.labels("embeddings").inc(len(chunks))
+        parts = await self.dispatcher.run(chunks, call)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    async def rerank(self, query: str, documents: list[str], parameters: dict) -> np.ndarray:
+        """-> float32 [num_documents] scores, document order; chunks of documents share the query."""
+        chunks = plan_chunks([1] * len(documents), self.config.max_rerank_chunk_documents,
+                             self.config.max_rerank_chunk_documents)
+        query_tensor = np.array([query.encode()], dtype=np.object_)
+
+        def call(chunk: Chunk) -> Call:
+            docs = np.array([d.encode() for d in documents[chunk.start:chunk.stop]], dtype=np.object_)
+            return Call(RERANKER, {"QUERY": query_tensor, "DOCUMENTS": docs}, "SCORES", parameters,
+                        rows=chunk.num_texts)
+
+        self.metrics.chunks.labels("rerank").inc(len(chunks))
+        parts = await self.dispatcher.run(chunks, call)
+        return np.concatenate(parts).reshape(-1)

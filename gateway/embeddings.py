@@ -1,0 +1,98 @@
+"""POST /v1/embeddings: OpenAI's request fields (plus input_type and truncate)
+checked one by one, and the response in float or base64."""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from .errors import bad_request
+
+FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "input_type", "truncate"}
+MAX_TOKEN_ID = 1 << 62
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    model: str
+    texts: list[str] | None        # text input, or
+    token_ids: list[list[int]] | None  # token-id input
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    input_type: str = "document"
+    truncate: bool = True
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids)
+
+    def parameters(self) -> dict:
+        return {"dimensions": self.dimensions} if self.dimensions else {}
+
+
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_input(value) -> tuple[list[str] | None, list[list[int]] | None]:
+    if isinstance(value, str):
+        return [value], None
+    if not isinstance(value, list):
+        raise bad_request(f"'input' must be a string, a list of strings or token ids, got {type(value).__name__}",
+                          "input")
+    if not value:
+        raise bad_request("'input' is an empty list: send at least one input", "input")
+    if all(isinstance(v, str) for v in value):
+        return value, None
+    if all(_is_token_id(v) for v in value):
+        return None, [value]
+    if all(isinstance(v, list) for v in value):
+        for i, ids in enumerate(value):
+            if not all(_is_token_id(t) for t in ids):
+                raise bad_request(f"input[{i}] must be a list of integer token ids", "input")
+        return None, value
+    kinds = sorted({type(v).__name__ for v in value})
+    raise bad_request(f"'input' mixes item types {kinds}: use all strings, all token ids, or all lists of token ids",
+                      "input")
+
+
+def parse_request(body: dict) -> EmbeddingRequest:
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise bad_request(f"unknown field(s) {unknown}; known: {sorted(FIELDS)}", unknown[0])
+    if "input" not in body:
+        raise bad_request("'input' is required", "input")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", "model")
+    texts, token_ids = _parse_input(body["input"])
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (not _is_token_id(dimensions) or dimensions < 1):
+        raise bad_request(f"'dimensions' must be a positive integer, got {dimensions!r}", "dimensions")
+    input_type = body.get("input_type") or "document"
+    if input_type not in ("query", "document"):
+        raise bad_request(f"'input_type' must be 'query' or 'document', got {input_type!r}", "input_type")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise bad_request(f"'truncate' must be true or false, got {truncate!r}", "truncate")
+    if "user" in body and not isinstance(body["user"], (str, type(None))):
+        raise bad_request("'user' must be a string", "user")
+    return EmbeddingRequest(model, texts, token_ids, fmt, dimensions, input_type, truncate)
+
+
+def render_response(rows: np.ndarray, model: str, encoding_format: str, num_tokens: int) -> bytes:
+    """rows: float32 [N, D]; base64 is little-endian float32 (what OpenAI's client decodes)."""
+    if encoding_format == "base64":
+        little = rows.astype("<f4", copy=False)
+        data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
+                for i, row in enumerate(little)]
+    else:
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    body = {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,36 @@
+"""Client-visible errors in OpenAI's error JSON (`error.message/type/param/code`)."""
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+         500: "server_error", 503: "service_unavailable"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after = retry_after
+
+    def response(self) -> Response:
+        body = {"error": {"message": self.message, "type": TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return Response(orjson.dumps(body), self.status, headers, media_type="application/json")
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param, "invalid_value")
+
+
+def too_large(message: str, param: str | None = None) -> ApiError:
+    return ApiError(413, message, param, "request_too_large")
+
+
+def model_not_found(model: object, served: list[str], extra: str = "") -> ApiError:
+    return ApiError(404, f"model {model!r} does not exist here; served: {served}{extra}", "model",
+                    "model_not_found")

@@ -1,0 +1,45 @@
+"""The gateway's Prometheus metrics (served on GET /metrics)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()
+
+SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gateway_requests", "HTTP requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("gateway_request_seconds", "Request latency, body read to response built",
+                                 ["endpoint"], buckets=SECONDS, registry=r)
+        self.tokens = Counter("gateway_tokens", "Tokens sent to the encoders (usage.prompt_tokens)", registry=r)
+        self.inputs = Counter("gateway_inputs", "Inputs embedded or documents reranked", ["endpoint"], registry=r)
+        self.chunks = Counter("gateway_chunks", "Chunks sent to replicas", ["endpoint"], registry=r)
+        self.retries = Counter("gateway_chunk_retries", "Chunk attempts that failed on a replica (retried or not)",
+                               ["replica"], registry=r)
+        self.inflight = Gauge("gateway_replica_inflight", "Chunks in flight per replica", ["replica"], registry=r)
+        self.completed = Gauge("gateway_replica_chunks_completed", "Chunks a replica answered since the gateway "
+                               "started", ["replica"], registry=r)
+        self.ready = Gauge("gateway_replica_ready", "1 when the replica serves the encoder", ["replica"], registry=r)
+        self.pending_tokens = Gauge("gateway_pending_tokens", "Tokens accepted and not yet answered", registry=r)
+        for endpoint in ("embeddings", "rerank"):
+            self.latency.labels(endpoint)
+            self.inputs.labels(endpoint)
+            self.chunks.labels(endpoint)
+
+    def render(self, inflight: dict[str, int], completed: dict[str, int], ready: dict[str, bool],
+               pending_tokens: int) -> bytes:
+        for gauge in (self.inflight, self.completed, self.ready):
+            gauge.clear()
+        for url, count in inflight.items():
+            self.inflight.labels(url).set(count)
+        for url, count in completed.items():
+            self.completed.labels(url).set(count)
+        for url, is_ready in ready.items():
+            self.ready.labels(url).set(int(is_ready))
+        self.pending_tokens.set(pending_tokens)
+        return generate_latest(self.registry)

@@ -1,0 +1,145 @@
+"""One asyncio gRPC stream to one replica, one request outstanding at a time
+(Triton's stream errors carry no request id; see stream.py). A replica's slots
+share one channel (`ReplicaChannel`)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from .stream import ReplicaError
+
+_CLOSE = object()
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request: `inputs` by name (numpy; object arrays are BYTES), one output read back."""
+    model: str
+    inputs: dict[str, np.ndarray]
+    output: str
+    parameters: dict = field(default_factory=dict)
+    rows: int | None = None  # expected length of the output's first axis
+
+
+def _tensor(name: str, array: np.ndarray) -> InferInput:
+    tensor = InferInput(name, list(array.shape), "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+class ReplicaChannel:
+    """The aio client (one HTTP/2 connection) of one replica."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.client = aioclient.InferenceServerClient(url)
+        # Bumped when a stream of this replica breaks (e.g. the server restarted):
+        # the other slots' idle streams are as dead, so each reopens before its next call.
+        self.generation = 0
+        self.slots: list[AsyncStreamSlot] = []
+
+    def drop_idle_streams(self) -> None:
+        """Close the streams no call is using: a stopping Triton waits for open streams
+        (up to its exit timeout) before it exits."""
+        self.generation += 1
+        for slot in self.slots:
+            if not slot.busy:
+                slot._reset()
+
+    async def is_ready(self, model: str | None = None, timeout: float = 2.0) -> bool:
+        """Server ready (false while it stops), and `model` ready when given."""
+        try:
+            if not await self.client.is_server_ready(client_timeout=timeout):
+                return False
+            return model is None or await self.client.is_model_ready(model, client_timeout=timeout)
+        except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
+            return False
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class AsyncStreamSlot:
+    def __init__(self, channel: ReplicaChannel, request_timeout: float = 300.0):
+        self.channel = channel
+        self.url = channel.url
+        self.request_timeout = request_timeout
+        self._requests: asyncio.Queue | None = None
+        self._responses = None
+        self._generation = 0
+        self.busy = False
+        channel.slots.append(self)
+
+    async def call(self, call: Call) -> np.ndarray:
+        """-> the output array; raises ReplicaError (and resets the stream)."""
+        request = {"model_name": call.model, "inputs": [_tensor(n, a) for n, a in call.inputs.items()],
+                   "outputs": [InferRequestedOutput(call.output)], "parameters": call.parameters or None}
+        self.busy = True
+        try:
+            self._open()
+            await self._requests.put(request)
+            result, error = await asyncio.wait_for(self._responses.__anext__(), self.request_timeout)
+        except asyncio.CancelledError:
+            self._reset()  # its reply would otherwise answer the next call
+            raise
+        except asyncio.TimeoutError:
+            await self.close()
+            raise ReplicaError(self.url, f"no response within {self.request_timeout:.0f}s") from None
+        except InferenceServerException as exc:
+            await self.close()
+            raise ReplicaError(self.url, exc.message()) from None
+        except grpc.RpcError as exc:
+            self._broken()
+            raise ReplicaError(self.url, f"[{exc.code()}] {exc.details()}") from None
+        except StopAsyncIteration:
+            self._broken()
+            raise ReplicaError(self.url, "stream closed by the server") from None
+        finally:
+            self.busy = False
+        if error is not None:
+            await self.close()
+            raise ReplicaError(self.url, error.message())
+        rows = result.as_numpy(call.output)
+        if rows is None or (call.rows is not None and (rows.ndim < 1 or rows.shape[0] != call.rows)):
+            await self.close()
+            raise ReplicaError(self.url, f"{call.output} shape {None if rows is None else list(rows.shape)} "
+                                         f"for {call.rows} rows")
+        return rows
+
+    async def is_ready(self) -> bool:
+        return await self.channel.is_ready()
+
+    def _broken(self) -> None:
+        self.channel.generation += 1
+        self._reset()
+
+    def _open(self) -> None:
+        if self._responses is not None and self._generation != self.channel.generation:
+            self._reset()
+        if self._responses is None:
+            self._requests = asyncio.Queue()
+            self._responses = self.channel.client.stream_infer(_feed(self._requests))
+            self._generation = self.channel.generation
+
+    async def close(self) -> None:
+        self._reset()
+        if self in self.channel.slots:
+            self.channel.slots.remove(self)
+
+    def _reset(self) -> None:
+        """Drop the stream; a reply still owed to it is discarded."""
+        if self._responses is not None:
+            self._requests.put_nowait(_CLOSE)
+            self._responses.cancel()
+        self._requests = self._responses = None
+
+
+async def _feed(requests: asyncio.Queue):
+    while (request := await requests.get()) is not _CLOSE:
+        yield request

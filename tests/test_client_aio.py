@@ -1,0 +1,237 @@
+"""The asyncio dispatcher (rose_client/aio.py) with in-process replicas: several
+jobs share one queue and one in-flight bound per replica."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from rose_client.aio import AsyncDispatcher, ChunkRefused
+from rose_client.chunking import plan_chunks
+from rose_client.dispatch import JobFailed
+from rose_client.scheduling import RetryPolicy
+from rose_client.stream import ReplicaError
+
+FAST = RetryPolicy(max_attempts=3, base_cooldown_s=0.01, max_cooldown_s=0.05, max_unavailable_s=0.5)
+
+
+class FakeReplica:
+    """Answers a payload (start, stop) with rows [start..stop); can die after some calls."""
+
+    def __init__(self, url, die_after=None, error="connection refused", delay=0.002):
+        self.url, self.die_after, self.error, self.delay = url, die_after, error, delay
+        self.calls, self.active, self.max_active = 0, 0, 0
+
+    @property
+    def dead(self):
+        return self.die_after is not None and self.calls >= self.die_after
+
+    def slot(self):
+        replica = self
+
+        class Slot:
+            async def call(self, payload):
+                if replica.dead:
+                    raise ReplicaError(replica.url, replica.error)
+                replica.calls += 1
+                replica.active += 1
+                replica.max_active = max(replica.max_active, replica.active)
+                await asyncio.sleep(replica.delay)
+                replica.active -= 1
+                start, stop = payload
+                return np.arange(start, stop, dtype=np.float32)[:, None]
+
+            async def is_ready(self):
+                return not replica.dead
+
+            async def close(self):
+                pass
+
+        return Slot()
+
+
+async def run_jobs(replicas, num_jobs=3, num_texts=120, inflight=3, retry=FAST):
+    by_url = {r.url: r for r in replicas}
+    dispatcher = AsyncDispatcher(list(by_url), lambda url: by_url[url].slot(), inflight, retry)
+    await dispatcher.start()
+    try:
+        chunks = plan_chunks([1] * num_texts, max_chunk_tokens=7, max_chunk_texts=100)
+        results = await asyncio.gather(*(dispatcher.run(chunks, lambda c: (c.start, c.stop))
+                                         for _ in range(num_jobs)), return_exceptions=True)
+    finally:
+        await dispatcher.close()
+    return chunks, results, dispatcher
+
+
+def assert_rows_in_order(results, num_texts):
+    for parts in results:
+        assert not isinstance(parts, BaseException), parts
+        np.testing.assert_array_equal(np.concatenate(parts)[:, 0], np.arange(num_texts))
+
+
+def test_jobs_share_the_replicas_within_the_inflight_bound():
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    chunks, results, dispatcher = asyncio.run(run_jobs(replicas, inflight=3))
+    assert_rows_in_order(results, 120)
+    assert all(r.calls > 0 and r.max_active <= 3 for r in replicas)
+    assert sum(r.completed_chunks for r in dispatcher.tasks.replicas.values()) == 3 * len(chunks)
+
+
+def test_dead_replica_loses_and_duplicates_nothing():
+    dying, healthy = FakeReplica("dying", die_after=4), FakeReplica("healthy")
+    chunks, results, dispatcher = asyncio.run(run_jobs([dying, healthy]))
+    assert_rows_in_order(results, 120)
+    state = dispatcher.tasks.replicas
+    assert state["dying"].completed_chunks == 4
+    assert state["healthy"].completed_chunks == 3 * len(chunks) - 4
+    assert state["dying"].failed_chunks >= 1
+
+
+def test_input_refusal_fails_only_that_job_and_at_once():
+    refusing = FakeReplica("a", die_after=0, error="[StatusCode.INVALID_ARGUMENT] invalid input: bad ids")
+
+    async def scenario():
+        good = FakeReplica("b")
+        by_url = {"a": refusing, "b": good}
+        dispatcher = AsyncDispatcher(["a", "b"], lambda url: by_url[url].slot(), 1, FAST)
+        await dispatcher.start()
+        chunks = plan_chunks([1] * 4, 10, 100)
+        try:
+            with pytest.raises(ChunkRefused, match="bad ids"):
+                # only replica a takes work until it refuses
+                dispatcher.tasks.replicas["b"].cooldown_until = float("inf")
+                await dispatcher.run(chunks, lambda c: (c.start, c.stop))
+            dispatcher.tasks.replicas["b"].cooldown_until = 0
+            refusing.error = "connection refused"
+            parts = await dispatcher.run(chunks, lambda c: (c.start, c.stop))
+        finally:
+            await dispatcher.close()
+        return parts
+
+    parts = asyncio.run(scenario())
+    np.testing.assert_array_equal(np.concatenate(parts)[:, 0], np.arange(4))
+
+
+def test_overload_everywhere_fails_with_the_overload_as_last_error():
+    replicas = [FakeReplica(u, die_after=0, error="[StatusCode.UNAVAILABLE] overloaded: queue full") for u in "ab"]
+    by_url = {r.url: r for r in replicas}
+
+    async def scenario():
+        def slot(url):
+            s = by_url[url].slot()
+            s.is_ready = lambda: asyncio.sleep(0, True)  # up, but refusing work
+            return s
+
+        dispatcher = AsyncDispatcher(list(by_url), slot, 2, FAST)
+        await dispatcher.start()
+        try:
+            with pytest.raises(JobFailed) as info:
+                await dispatcher.run(plan_chunks([1] * 4, 2, 100), lambda c: (c.start, c.stop))
+        finally:
+            await dispatcher.close()
+        return info.value
+
+    error = asyncio.run(scenario())
+    assert "failed 3 times" in str(error) and error.last_error.overloaded
+
+
+def test_no_replica_answering_fails_in_bounded_time():
+    replicas = [FakeReplica("a", die_after=0), FakeReplica("b", die_after=0)]
+    _, results, _ = asyncio.run(run_jobs(replicas, num_jobs=1))
+    assert isinstance(results[0], JobFailed) and "no replica answered" in str(results[0])
+
+
+def test_replicas_can_change_while_running():
+    async def scenario():
+        replicas = {u: FakeReplica(u) for u in "abc"}
+        dispatcher = AsyncDispatcher(["a"], lambda url: replicas[url].slot(), 2, FAST)
+        await dispatcher.start()
+        chunks = plan_chunks([1] * 50, 5, 100)
+        try:
+            first = await dispatcher.run(chunks, lambda c: (c.start, c.stop))
+            dispatcher.set_replicas(["b", "c"])
+            second = await dispatcher.run(chunks, lambda c: (c.start, c.stop))
+        finally:
+            await dispatcher.close()
+        return replicas, first, second
+
+    replicas, first, second = asyncio.run(scenario())
+    assert_rows_in_order([first, second], 50)
+    assert replicas["a"].calls == 10 and replicas["b"].calls + replicas["c"].calls == 10
+
+
+class FakeStreamClient:
+    """Stands in for tritonclient.grpc.aio's client: each stream answers requests in order
+    until it is broken, then raises a gRPC error on its next read."""
+
+    def __init__(self):
+        self.streams = []
+
+    def stream_infer(self, requests):
+        import grpc
+
+        client = self
+
+        class Stream:
+            broken, cancelled = False, False
+
+            def __init__(self):
+                client.streams.append(self)
+
+            async def __anext__(self):
+                request = await requests.__anext__()
+                if self.broken:
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "Socket closed")
+
+                class Result:
+                    def as_numpy(self, name):
+                        return np.full((1, 2), len(client.streams), dtype=np.float32)
+
+                return Result(), None
+
+            def cancel(self):
+                self.cancelled = True
+
+        return Stream()
+
+
+def test_a_broken_stream_makes_every_slot_of_that_replica_reopen():
+    """After a server restart all idle streams to it are dead: the first slot to see
+    it marks the replica's streams stale, so the others reopen instead of failing too."""
+    from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+
+    async def scenario():
+        channel = ReplicaChannel.__new__(ReplicaChannel)
+        channel.url, channel.client, channel.generation, channel.slots = "fake:1", FakeStreamClient(), 0, []
+        slots = [AsyncStreamSlot(channel) for _ in range(3)]
+        call = Call("m", {"X": np.zeros(1, dtype=np.int64)}, "Y", rows=1)
+        for slot in slots:
+            await slot.call(call)
+        for stream in channel.client.streams:
+            stream.broken = True  # the server went away
+        with pytest.raises(ReplicaError, match="UNAVAILABLE"):
+            await slots[0].call(call)
+        rows = [await slot.call(call) for slot in slots[1:]]
+        return channel.client.streams, rows
+
+    streams, rows = asyncio.run(scenario())
+    assert len(streams) == 5 and all(s.cancelled for s in streams[:3])  # three old, two reopened
+    assert [r.shape for r in rows] == [(1, 2), (1, 2)]
+
+
+def test_idle_streams_close_when_the_replica_stops_being_ready():
+    """A stopping Triton waits for open streams; the gateway closes the ones no call uses."""
+    from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+
+    async def scenario():
+        channel = ReplicaChannel.__new__(ReplicaChannel)
+        channel.url, channel.client, channel.generation, channel.slots = "fake:1", FakeStreamClient(), 0, []
+        idle, busy = AsyncStreamSlot(channel), AsyncStreamSlot(channel)
+        call = Call("m", {"X": np.zeros(1, dtype=np.int64)}, "Y", rows=1)
+        await idle.call(call)
+        await busy.call(call)
+        busy.busy = True  # as if a call were in flight on it
+        channel.drop_idle_streams()
+        return channel.client.streams
+
+    streams = asyncio.run(scenario())
+    assert [s.cancelled for s in streams] == [True, False]
