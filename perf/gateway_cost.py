@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from . import machine
 from .lineup import REPO, gateway_target, rose_target

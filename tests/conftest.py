@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 
 import pytest
 
@@ -48,3 +49,19 @@ def reference_model(model_dir):
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def replicas(request, tmp_path_factory):
+    """(A, B) for multi-replica tests: A is the session's server, B is this module's own
+    (modules may kill it). B starts in the background while A comes up."""
+    started = {}
+    log = tmp_path_factory.mktemp("replica_b") / "server.log"
+    thread = threading.Thread(target=lambda: started.setdefault("b", TritonServer(log)))
+    thread.start()
+    a = request.getfixturevalue("server")
+    thread.join()
+    if "b" not in started:
+        pytest.fail(f"replica B did not start; log: {log}")
+    yield a, started["b"]
+    started["b"].stop()

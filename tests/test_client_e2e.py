@@ -7,7 +7,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from embed_clients import embed_stream
 from rose_client import EmbeddingClient
-from rose_triton.server import REPO, TritonServer
+from rose_triton.server import REPO
 
 WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
          "latency throughput encoder pooling Ünïcödé 你好").split()
@@ -28,21 +27,6 @@ def make_texts(num_texts, seed=0):
 
 TEXTS = make_texts(400)
 SMALL_CHUNKS = dict(max_chunk_tokens=512, max_chunk_texts=32)
-
-
-@pytest.fixture(scope="module")
-def replicas(request, tmp_path_factory):
-    """(A, B): B starts in the background while the session's server A comes up."""
-    started = {}
-    log = tmp_path_factory.mktemp("replica_b") / "server.log"
-    thread = threading.Thread(target=lambda: started.setdefault("b", TritonServer(log)))
-    thread.start()
-    a = request.getfixturevalue("server")
-    thread.join()
-    if "b" not in started:
-        pytest.fail(f"replica B did not start; log: {log}")
-    yield a, started["b"]
-    started["b"].stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from engine_lib.batch import PackedBatch
 from engine_lib.cuda_graphs import (CAPTURE, EAGER, REPLAY, GraphBuckets, LazyGraphCache, pad_batch, seq_buckets,

@@ -1,7 +1,6 @@
 """The gateway `make serve` starts, against the session's real tritonserver,
 through the official `openai` client and langchain-openai: rows equal the
 ensemble's (same ids) and sentence-transformers'; every error status."""
-import base64
 import concurrent.futures
 import json
 import urllib.error

@@ -16,7 +16,6 @@ import pytest
 
 from embed_clients import embed_stream
 from gateway_process import GatewayProcess
-from rose_triton.server import TritonServer
 
 MODEL = "all-MiniLM-L6-v2"
 WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
@@ -31,21 +30,6 @@ def make_texts(num_texts, seed):
 def cosine(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
-
-
-@pytest.fixture(scope="module")
-def replicas(request, tmp_path_factory):
-    """(A, B): B starts in the background while the session's server A comes up."""
-    started = {}
-    log = tmp_path_factory.mktemp("gateway_replica_b") / "server.log"
-    thread = threading.Thread(target=lambda: started.setdefault("b", TritonServer(log)))
-    thread.start()
-    a = request.getfixturevalue("server")
-    thread.join()
-    if "b" not in started:
-        pytest.fail(f"replica B did not start; log: {log}")
-    yield a, started["b"]
-    started["b"].stop()
 
 
 @pytest.fixture(scope="module")

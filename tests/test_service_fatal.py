@@ -6,9 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
-import numpy as np
 import pytest
 
 from engine_lib.errors import OverloadError

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from tiny_models import qwen3_config, save_random_model, xlm_roberta_config
 
 CORPUS = [
