@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from embed_clients import embed_stream
+from reliability_helpers import metric_value
 from test_deploy_image import image_env, instructions
 from rose_triton.server import REPO, TritonServer
 
@@ -63,19 +64,25 @@ def test_container_start_path_runs_the_gateway(container_mode_server, reference_
 
 def test_sigterm_finishes_the_request_in_flight(container_mode_server):
     """Kubernetes sends SIGTERM to the container's main process (serve.sh, which
-    passes it on to tritonserver); what is in flight must still be answered."""
-    texts = [f"request {i} in flight while the pod is told to stop " * 6 for i in range(100)]
+    passes it on to tritonserver); what is in flight must still be answered.
+    The request is seconds of work on this CPU and the signal waits until the
+    encoder reports it queued, so it is in flight whatever the machine's pace."""
+    texts = [f"request {i} in flight while the pod is told to stop " * 10 for i in range(400)]
     client = grpcclient.InferenceServerClient(container_mode_server.grpc_url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
     text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
     client.async_stream_infer("ensemble", [text])
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while metric_value(container_mode_server.metrics_url, "rose_queue_requests") < 1:
+        assert responses.empty(), "answered before the encoder's queue gauge showed it: make the request bigger"
+        assert time.monotonic() < deadline, "the encoder never reported the request queued"
+        time.sleep(0.02)
     os.kill(container_mode_server.process.pid, signal.SIGTERM)
     result, error = responses.get(timeout=120)
     client.stop_stream()  # an open stream would hold the ensemble until --exit-timeout-secs
     client.close()
-    assert error is None and result.as_numpy("EMBEDDINGS").shape == (100, 384)
+    assert error is None and result.as_numpy("EMBEDDINGS").shape == (len(texts), 384)
     assert container_mode_server.process.wait(60) == 0
     assert re.search(r"'ensemble' \(version 1\) has [1-9]\d* in-flight", container_mode_server.log_tail(200_000))
