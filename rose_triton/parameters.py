@@ -30,12 +30,33 @@ def env_overrides(config_cls, environ: Mapping[str, str] | None = None, prefix: 
     return overrides
 
 
-def load_config(config_cls, args: dict):
-    """`config_cls` from config.pbtxt parameters + the environment under the model's
+def config_from_parameters(config_cls, params: Mapping[str, str]):
+    """`config_cls` from a model's config.pbtxt parameters + the environment under its
     `env_prefix` parameter (default ROSE_)."""
-    params = config_parameters(args)
+    params = dict(params)
     prefix = params.pop("env_prefix", "ROSE_")
     return config_cls.from_parameters(params, **env_overrides(config_cls, prefix=prefix))
+
+
+def load_config(config_cls, args: dict):
+    return config_from_parameters(config_cls, config_parameters(args))
+
+
+def pbtxt_parameters(path: str) -> dict[str, str]:
+    """The `parameters` of a config.pbtxt file as a plain {name: string} dict."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    with open(path, encoding="utf-8") as f:
+        config = text_format.Parse(f.read(), model_config_pb2.ModelConfig())
+    return {name: value.string_value for name, value in config.parameters.items()}
+
+
+def sibling_parameters(args: dict, model_name: str) -> dict[str, str]:
+    """config.pbtxt parameters of another model of the same repository: `model_name`'s
+    folder beside this model's (the unary fronts read their tokenizer model's settings)."""
+    folder = os.path.dirname(os.path.normpath(args["model_repository"]))
+    return pbtxt_parameters(os.path.join(folder, model_name, "config.pbtxt"))
 
 
 def output_names(args: dict) -> list[str]:

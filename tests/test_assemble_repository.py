@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from rose_triton.parameters import pbtxt_parameters, sibling_parameters
 from rose_triton.server import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -47,6 +48,21 @@ def test_every_ensemble_step_names_a_model_of_its_repository():
             text = (root / name / "config.pbtxt").read_text()
             for step in [line.split('"')[1] for line in text.splitlines() if "model_name:" in line]:
                 assert step in model_folders(str(root)), f"{root.name}/{name} steps into {step!r}"
+
+
+def test_unary_fronts_read_their_tokenizer_beside_them_in_any_layout(tmp_path):
+    """`embed` and `score` tokenize with the settings of the model their `tokenizer_model`
+    names, read from the folder beside theirs: in the base, the set and the assembled links."""
+    out = tmp_path / "repo"
+    assemble(str(out), str(BASE), [str(RERANK)])
+    for root, front, tokenizer, encoder in ((BASE, "embed", "tokenizer", "rose_encoder"),
+                                            (RERANK, "score", "rerank_tokenizer", "rerank_encoder")):
+        params = pbtxt_parameters(str(root / front / "config.pbtxt"))
+        assert (params["tokenizer_model"], params["encoder_model"]) == (tokenizer, encoder)
+        expected = pbtxt_parameters(str(root / tokenizer / "config.pbtxt"))
+        assert "model_dir" in expected
+        for folder in (root / front, out / front, (out / front).resolve()):
+            assert sibling_parameters({"model_repository": str(folder)}, tokenizer) == expected
 
 
 def test_launcher_refuses_a_missing_reranker_folder(tmp_path):

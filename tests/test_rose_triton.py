@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from engine_lib.config import EncoderConfig
+from engine_lib.config import EncoderConfig, PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError, OverloadError, RequestCancelled
 from rose_triton.errors import client_message, code_name, code_name_from_message
-from rose_triton.parameters import config_parameters, env_overrides
+from rose_triton.parameters import config_from_parameters, config_parameters, env_overrides, sibling_parameters
 
 
 @pytest.mark.parametrize("error, name", [(InputError("x"), "INVALID_ARG"), (OverloadError("x"), "UNAVAILABLE"),
@@ -34,3 +34,25 @@ def test_launcher_environment_overrides_config_pbtxt():
     assert overrides == {"max_batch_tokens": "1024"}
     config = EncoderConfig.from_parameters(params, **overrides)
     assert config.max_batch_tokens == 1024 and config.cuda_graphs == "off"
+
+
+def test_another_models_config_pbtxt_parameters_and_their_env_prefix(tmp_path, monkeypatch):
+    """What a unary front reads to tokenize as its tokenizer model does: the sibling folder's
+    config.pbtxt parameters (escapes and comments as Triton reads them), then ROSE_* or the
+    model's own env_prefix over them."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "config.pbtxt").write_text(
+        'backend: "python"\n# a comment\nparameters [\n'
+        '  { key: "query_prefix", value: { string_value: "query \\"q\\": caf\\303\\251\\n" } },\n'
+        '  { key: "max_length", value: { string_value: "64" } }\n]\n')
+    args = {"model_repository": str(tmp_path / "front") + "/"}
+    params = sibling_parameters(args, "tok")
+    assert params == {"query_prefix": 'query "q": café\n', "max_length": "64"}
+    monkeypatch.setenv("ROSE_MAX_LENGTH", "32")
+    monkeypatch.setenv("ROSE_RERANK_MAX_TEXT_BYTES", "99")
+    config = config_from_parameters(TokenizerConfig, params)
+    assert (config.query_prefix, config.max_length, config.max_text_bytes) == ('query "q": café\n', 32, 1 << 20)
+    pair = config_from_parameters(PairTokenizerConfig, {"env_prefix": "ROSE_RERANK_", "max_length": "64"})
+    assert (pair.max_length, pair.max_text_bytes) == (64, 99)
+    with pytest.raises(FileNotFoundError, match="missing/config.pbtxt"):
+        sibling_parameters(args, "missing")

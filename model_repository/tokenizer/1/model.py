@@ -1,20 +1,16 @@
-"""Triton adapter: TEXT -> flat INPUT_IDS + SEQ_LENS (engine_lib.tokenization)."""
-import numpy as np
+"""Triton adapter: TEXT -> flat INPUT_IDS + SEQ_LENS (engine_lib.tokenize_step.TextStep)."""
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
-from engine_lib.options import RequestOptions
-from engine_lib.tokenization import TextTokenizer
+from engine_lib.tokenize_step import TextStep
 from rose_triton.errors import client_message
-from rose_triton.parameters import config_parameters, env_overrides
+from rose_triton.parameters import load_config
 
 
 class TritonPythonModel:
     def initialize(self, args):
         try:
-            config = TokenizerConfig.from_parameters(config_parameters(args), **env_overrides(TokenizerConfig))
-            self.tokenizer = TextTokenizer(config.model_dir, config)
+            self.step = TextStep(load_config(TextStep.config_cls, args))
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
 
@@ -23,12 +19,8 @@ class TritonPythonModel:
 
     def _tokenize(self, request):
         try:
-            options = RequestOptions.from_parameters(request.parameters())
-            texts = self.tokenizer.decode_texts(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
-            input_ids, seq_lens = self.tokenizer.encode(texts, options)
+            tensors = self.step({"TEXT": pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()},
+                                request.parameters())
         except InputError as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(exc), pb_utils.TritonError.INVALID_ARG))
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("INPUT_IDS", input_ids),
-            pb_utils.Tensor("SEQ_LENS", seq_lens.astype(np.int64)),
-        ])
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items()])
