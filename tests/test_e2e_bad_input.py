@@ -110,3 +110,17 @@ def test_bad_input_status_code_survives_every_path(server, case):
         embed_stream(server.grpc_url, list(array), params)
     assert code_name_from_message(str(stream_error.value)) == "INVALID_ARG", str(stream_error.value)
     assert all(message in str(e.value) for e in (http_error, grpc_error, stream_error))
+
+
+@pytest.mark.parametrize("case", ["too long, truncate=false", "empty list", "too many dimensions"])
+def test_unary_front_keeps_invalid_argument_from_its_tokenize_step_and_the_encoder(server, case):
+    """The unary front tokenizes itself (its InputError) and hears the encoder's tagged errors
+    through BLS (dimensions): both read INVALID_ARGUMENT / 400 naming the problem."""
+    array, _, params, message = BAD_CASES[case]
+    with pytest.raises(InferenceServerException) as http_error:
+        http_infer_raw(server, array, params=params)
+    assert http_error.value.status() == "400" and message in str(http_error.value), str(http_error.value)
+    with pytest.raises(InferenceServerException) as grpc_error:
+        grpc_infer_raw(server, array, params)
+    assert grpc_error.value.status() == "StatusCode.INVALID_ARGUMENT", grpc_error.value.status()
+    assert message in str(grpc_error.value), str(grpc_error.value)

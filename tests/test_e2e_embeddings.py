@@ -91,3 +91,16 @@ def test_sixteen_concurrent_clients_nothing_lost_or_crossed(server, reference):
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(client, range(16)))  # each client asserts its own rows; map re-raises a failure
+
+
+@pytest.mark.parametrize("params", [{"input_type": "query", "dimensions": 96, "normalize": False},
+                                    {"input_type": "document", "truncate": True, "normalize": False}])
+def test_unary_front_equals_the_ensemble_stream_with_options(server, params):
+    """The unary front tokenizes in its own process and calls the encoder itself: the same
+    numbers as the ensemble (tokenizer model -> encoder) for the same options."""
+    texts = VARIED_TEXTS[:6] + [VARIED_TEXTS[-1] * 8]  # the last one is cut at the model's maximum
+    streamed = WAYS["grpc_stream_ensemble"](server, texts, params)
+    assert streamed.shape == (len(texts), params.get("dimensions", 384))
+    assert not np.allclose(np.linalg.norm(streamed, axis=1), 1.0)
+    for way in ("grpc_unary_embed", "http_unary_embed"):
+        np.testing.assert_allclose(WAYS[way](server, texts, params), streamed, atol=1e-6, err_msg=way)

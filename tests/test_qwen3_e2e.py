@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed_clients import embed_generate, embed_stream
+from embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
 from tiny_models import EOS, cosine_rows, hf_hidden_states, qwen3_config, save_random_model, write_word_tokenizer
 from rose_triton.server import TritonServer
 
@@ -56,3 +56,17 @@ def test_matryoshka_dimensions(qwen3_service):
     assert got.shape == (len(TEXTS), 16)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     assert cosine_rows(got, full).min() >= 0.999
+
+
+def test_unary_front_equals_the_stream_with_the_query_template_and_options(qwen3_service):
+    """The unary `embed` front tokenizes itself with the tokenizer model's code and folder:
+    the instruction template, EOS and options give the ensemble's numbers."""
+    server, reference = qwen3_service
+    params = {"input_type": "query", "dimensions": 16, "normalize": False}
+    streamed = embed_stream(server.grpc_url, TEXTS, parameters=params)
+    assert cosine_rows(streamed, reference(TEXTS, INSTRUCTION)[:, :16]).min() >= 0.999
+    assert not np.allclose(np.linalg.norm(streamed, axis=1), 1.0)
+    for unary in (embed_unary_grpc(server.grpc_url, TEXTS, params), embed_unary_http(server.http_url, TEXTS, params)):
+        np.testing.assert_allclose(unary, streamed, atol=1e-6)
+    documents = embed_unary_grpc(server.grpc_url, TEXTS, {"normalize": False})
+    assert cosine_rows(documents[:, :16], streamed).max() < 0.99  # the template changed the ids

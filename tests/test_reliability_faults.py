@@ -34,7 +34,14 @@ LIMITS = {  # (model, parameter or queue size) -> value
     ("rose_encoder", "max_queued_requests"): ("2048", "6"),
     ("tokenizer", "max_queue_size"): ("128", "2"),
     ("embed", "max_queue_size"): ("128", "2"),
+    # Tokenizer settings the unary front must take from the tokenizer's config.pbtxt too.
+    ("tokenizer", "max_texts_per_request"): ("4096", "16"),
+    ("tokenizer", "query_prefix"): ("", "search_query: "),
 }
+
+
+def config_line(key, value):
+    return f"{key}: {value}" if key == "max_queue_size" else f'"{key}", value: {{ string_value: "{value}" }}'
 
 
 def small_limits_repository(dest):
@@ -42,10 +49,9 @@ def small_limits_repository(dest):
     for (model, key), (old, new) in LIMITS.items():
         config = dest / model / "config.pbtxt"
         text = config.read_text()
-        pattern = f'"{key}", value: {{ string_value: "{old}" }}' if key.startswith("max_queued") \
-            else f"{key}: {old}"
+        pattern = config_line(key, old)
         assert pattern in text, f"{config} no longer has {pattern}"
-        config.write_text(text.replace(pattern, pattern.replace(old, new)))
+        config.write_text(text.replace(pattern, config_line(key, new)))
     return dest
 
 
@@ -148,6 +154,22 @@ def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
     for code, body in [(e.code, e.read().decode()) for e in errors]:
         assert code == 400  # Triton 2.51's generate answers every error with 400
         assert "overloaded: encoder queue is full" in body or "Exceeds maximum queue size" in body, body
+
+
+def test_unary_front_tokenizes_with_the_tokenizer_models_config(limited):
+    """This server's tokenizer config.pbtxt has a query prefix and a 16-text limit: the unary
+    front, which tokenizes itself, applies both as the ensemble does."""
+    texts = MEDIUM_TEXTS[:3]
+    query = {"input_type": "query"}
+    streamed = embed_stream(limited.grpc_url, texts, query)
+    np.testing.assert_allclose(embed_unary_grpc(limited.grpc_url, texts, query), streamed, atol=1e-6)
+    np.testing.assert_allclose(embed_unary_http(limited.http_url, texts, query), streamed, atol=1e-6)
+    assert (embed_unary_grpc(limited.grpc_url, texts) * streamed).sum(1).max() < 0.999  # the prefix changed the ids
+    too_many = [f"text {i}" for i in range(17)]
+    for way, url in ((embed_unary_grpc, limited.grpc_url), (embed_unary_http, limited.http_url),
+                     (embed_stream, limited.grpc_url)):
+        with pytest.raises(InferenceServerException, match="TEXT has 17 texts; at most 16 per request"):
+            way(url, too_many)
 
 
 def server_rss_mib(serve_pid):

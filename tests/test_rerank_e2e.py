@@ -148,6 +148,22 @@ def test_instruction_reaches_the_template(served):
     assert np.abs(got - rerank_stream(server, [QUERY], DOCS)).max() > 1e-4  # the instruction changed the pairs
 
 
+def test_unary_score_equals_the_stream_with_options_and_keeps_error_codes(served):
+    """`score` tokenizes pairs itself (rerank_tokenizer's code and settings) and calls the
+    encoder directly: the stream's numbers for the same options, INVALID_ARGUMENT / 400 for bad input."""
+    kind, _, server = served
+    docs = DOCS + ["the eiffel tower stands in paris " * 80]  # cut to the model's maximum
+    params = {"raw_scores": True, **({"instruction": "Judge whether the document answers"} if kind == "qwen3" else {})}
+    streamed = rerank_stream(server, [QUERY], docs, params)
+    assert np.abs(streamed - rerank_stream(server, [QUERY], docs)).max() > 1e-4  # the options changed the scores
+    for protocol in (httpclient, grpcclient):
+        np.testing.assert_allclose(score_unary(server, [QUERY], docs, params, protocol), streamed, atol=1e-6)
+    for protocol, status in ((httpclient, "400"), (grpcclient, "StatusCode.INVALID_ARGUMENT")):
+        with pytest.raises(InferenceServerException) as caught:
+            score_unary(server, [QUERY], ["paris", b"\xc3\x28"], None, protocol)
+        assert caught.value.status() == status and "DOCUMENTS[1] is not valid UTF-8" in str(caught.value)
+
+
 BAD = {
     "empty document list": ([QUERY], [], None, "DOCUMENTS is empty"),
     "empty document": ([QUERY], ["paris", "  "], None, "DOCUMENTS[1] is empty"),
