@@ -16,14 +16,13 @@ are dropped when they come up for launch. docs/operations.md has the limits.
 Fatal failures: if either thread dies, or a step reports a sticky device error
 (the CUDA context is unusable from then on), the service answers every pending
 request with an error, refuses new ones and calls `on_fatal(reason)`; the
-default exits the process so the launcher's watchdog restarts the server
-(never "ready" while hanging requests).
+default (engine_lib/fatal.py) exits the process so the launcher's watchdog
+restarts the server (never "ready" while hanging requests).
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -35,30 +34,13 @@ import numpy as np
 from .batch import PackedBatch
 from .engine_contract import StepEngine
 from .errors import OverloadError, RequestCancelled
+from .fatal import exit_process, is_sticky_device_error
 from .metrics import EncoderMetrics
 from .scheduler import FcfsBatcher, ScheduledSequence
 
 log = logging.getLogger(__name__)
 
 DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
-
-# Errors after which the CUDA context is unusable (every later call fails): restart the process.
-STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
-                        "misaligned address", "illegal instruction", "uncorrectable ECC error",
-                        "CUBLAS_STATUS_EXECUTION_FAILED", "CUDA error: unknown error")
-EXIT_CODE = 70
-
-
-def is_sticky_device_error(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(marker in text for marker in STICKY_DEVICE_ERRORS)
-
-
-def exit_process(reason: str) -> None:
-    """Default `on_fatal`: give the error responses a moment to leave, then end the process."""
-    time.sleep(0.5)
-    logging.shutdown()
-    os._exit(EXIT_CODE)
 
 
 @dataclass
