@@ -164,38 +164,41 @@ class EncoderService:
                 if not len(self._batcher):
                     break  # closing and drained
                 scheduled = self._batcher.next_batch()
-            picked_at = time.perf_counter()
-            scheduled = self._drop_cancelled(scheduled)
-            with self._lock:  # a failure on the completion thread may have answered some already
-                scheduled = [s for s in scheduled if s.request_key in self._requests]
-                requests = [self._requests[s.request_key] for s in scheduled]
-            if not scheduled:
-                self._inflight.release()
-                continue
-            sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
-            types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
-            launched_at = time.perf_counter()
-            for request in requests:
-                request.picked = request.picked or picked_at
-                request.launched = launched_at
-            try:
-                lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
-            except Exception as exc:  # a failed step fails its requests, not the service
-                log.exception("engine step failed")
-                self._inflight.release()
-                self._fail(scheduled, exc)
-                if is_sticky_device_error(exc):
-                    raise
-                continue
-            with self._lock:
-                inline = self._handed_off == 0 and lazy.ready()
-                self._handed_off += not inline
-            if inline:  # already on the host (CPU): answer here, no hand-off to the completion thread
-                self._complete(scheduled, lazy, launched_at)
-            else:
-                self._launched.put((scheduled, lazy, launched_at))
+            self._launch(scheduled, time.perf_counter())
         self._inflight.release()
         self._launched.put(None)
+
+    def _launch(self, scheduled: list[ScheduledSequence], picked_at: float) -> None:
+        """Step one picked batch (holding a launch slot) and answer it or hand it to the completion thread."""
+        scheduled = self._drop_cancelled(scheduled)
+        with self._lock:  # a failure on the completion thread may have answered some already
+            scheduled = [s for s in scheduled if s.request_key in self._requests]
+            requests = [self._requests[s.request_key] for s in scheduled]
+        if not scheduled:
+            self._inflight.release()
+            return
+        sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
+        types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
+        launched_at = time.perf_counter()
+        for request in requests:
+            request.picked = request.picked or picked_at
+            request.launched = launched_at
+        try:
+            lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
+        except Exception as exc:  # a failed step fails its requests, not the service
+            log.exception("engine step failed")
+            self._inflight.release()
+            self._fail(scheduled, exc)
+            if is_sticky_device_error(exc):
+                raise
+            return
+        with self._lock:
+            inline = self._handed_off == 0 and lazy.ready()
+            self._handed_off += not inline
+        if inline:  # already on the host (CPU): answer here, no hand-off to the completion thread
+            self._complete(scheduled, lazy, launched_at)
+        else:
+            self._launched.put((scheduled, lazy, launched_at))
 
     def _guarded(self, loop: Callable[[], None]) -> None:
         """Run a service thread's loop; if it ends by an exception, the service fails for good."""
