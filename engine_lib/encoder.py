@@ -40,13 +40,14 @@ def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: Encoder
         raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and {list(seq_lens.shape)}")
     if seq_lens.size == 0:
         raise InputError("SEQ_LENS is empty: send at least one sequence")
-    if (seq_lens < 1).any():
-        raise InputError(f"SEQ_LENS[{int(np.argmax(seq_lens < 1))}] is {int(seq_lens.min())}; every sequence needs >= 1 token")
-    if int(seq_lens.sum()) != input_ids.size:
-        raise InputError(f"SEQ_LENS sums to {int(seq_lens.sum())} but INPUT_IDS has {input_ids.size} tokens")
-    longest = int(seq_lens.max())
+    lens = seq_lens.tolist()  # a few sequences per request: Python ints beat numpy calls
+    shortest, longest, total = min(lens), max(lens), sum(lens)
+    if shortest < 1:
+        raise InputError(f"SEQ_LENS[{lens.index(shortest)}] is {shortest}; every sequence needs >= 1 token")
+    if total != input_ids.size:
+        raise InputError(f"SEQ_LENS sums to {total} but INPUT_IDS has {input_ids.size} tokens")
     if longest > limits.max_positions:
-        raise InputError(f"SEQ_LENS[{int(np.argmax(seq_lens))}] is {longest} tokens; the model takes at most {limits.max_positions}")
+        raise InputError(f"SEQ_LENS[{lens.index(longest)}] is {longest} tokens; the model takes at most {limits.max_positions}")
     if input_ids.size > limits.max_request_tokens:
         raise InputError(f"request has {input_ids.size} tokens, more than the encoder queue holds "
                          f"(max_queued_tokens={limits.max_request_tokens}); split it")
@@ -56,8 +57,9 @@ def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: Encoder
 
 
 def _split(flat: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
-    bounds = np.concatenate([[0], np.cumsum(seq_lens)])
-    return [flat[bounds[i]:bounds[i + 1]] for i in range(seq_lens.size)]
+    if seq_lens.size == 1:
+        return [flat]
+    return np.split(flat, np.cumsum(seq_lens[:-1]))
 
 
 def split_token_types(token_types: Optional[np.ndarray], seq_lens: np.ndarray,

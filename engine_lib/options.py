@@ -19,6 +19,8 @@ def _as_bool(name: str, value) -> bool:
 
 def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
     """Request parameters (a JSON string in Triton) as a dict; unknown names refused."""
+    if not params or params == "{}":  # most requests: no JSON to parse
+        return {}
     if isinstance(params, str):
         try:
             params = json.loads(params) if params else {}

@@ -16,14 +16,13 @@ are dropped when they come up for launch. docs/operations.md has the limits.
 Fatal failures: if either thread dies, or a step reports a sticky device error
 (the CUDA context is unusable from then on), the service answers every pending
 request with an error, refuses new ones and calls `on_fatal(reason)`; the
-default exits the process so the launcher's watchdog restarts the server
-(never "ready" while hanging requests).
+default (engine_lib/fatal.py) exits the process so the launcher's watchdog
+restarts the server (never "ready" while hanging requests).
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -35,30 +34,13 @@ import numpy as np
 from .batch import PackedBatch
 from .engine_contract import StepEngine
 from .errors import OverloadError, RequestCancelled
+from .fatal import exit_process, is_sticky_device_error
 from .metrics import EncoderMetrics
 from .scheduler import FcfsBatcher, ScheduledSequence
 
 log = logging.getLogger(__name__)
 
 DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
-
-# Errors after which the CUDA context is unusable (every later call fails): restart the process.
-STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
-                        "misaligned address", "illegal instruction", "uncorrectable ECC error",
-                        "CUBLAS_STATUS_EXECUTION_FAILED", "CUDA error: unknown error")
-EXIT_CODE = 70
-
-
-def is_sticky_device_error(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(marker in text for marker in STICKY_DEVICE_ERRORS)
-
-
-def exit_process(reason: str) -> None:
-    """Default `on_fatal`: give the error responses a moment to leave, then end the process."""
-    time.sleep(0.5)
-    logging.shutdown()
-    os._exit(EXIT_CODE)
 
 
 @dataclass
@@ -182,38 +164,41 @@ class EncoderService:
                 if not len(self._batcher):
                     break  # closing and drained
                 scheduled = self._batcher.next_batch()
-            picked_at = time.perf_counter()
-            scheduled = self._drop_cancelled(scheduled)
-            with self._lock:  # a failure on the completion thread may have answered some already
-                scheduled = [s for s in scheduled if s.request_key in self._requests]
-                requests = [self._requests[s.request_key] for s in scheduled]
-            if not scheduled:
-                self._inflight.release()
-                continue
-            sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
-            types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
-            launched_at = time.perf_counter()
-            for request in requests:
-                request.picked = request.picked or picked_at
-                request.launched = launched_at
-            try:
-                lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
-            except Exception as exc:  # a failed step fails its requests, not the service
-                log.exception("engine step failed")
-                self._inflight.release()
-                self._fail(scheduled, exc)
-                if is_sticky_device_error(exc):
-                    raise
-                continue
-            with self._lock:
-                inline = self._handed_off == 0 and lazy.ready()
-                self._handed_off += not inline
-            if inline:  # already on the host (CPU): answer here, no hand-off to the completion thread
-                self._complete(scheduled, lazy, launched_at)
-            else:
-                self._launched.put((scheduled, lazy, launched_at))
+            self._launch(scheduled, time.perf_counter())
         self._inflight.release()
         self._launched.put(None)
+
+    def _launch(self, scheduled: list[ScheduledSequence], picked_at: float) -> None:
+        """Step one picked batch (holding a launch slot) and answer it or hand it to the completion thread."""
+        scheduled = self._drop_cancelled(scheduled)
+        with self._lock:  # a failure on the completion thread may have answered some already
+            scheduled = [s for s in scheduled if s.request_key in self._requests]
+            requests = [self._requests[s.request_key] for s in scheduled]
+        if not scheduled:
+            self._inflight.release()
+            return
+        sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
+        types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
+        launched_at = time.perf_counter()
+        for request in requests:
+            request.picked = request.picked or picked_at
+            request.launched = launched_at
+        try:
+            lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
+        except Exception as exc:  # a failed step fails its requests, not the service
+            log.exception("engine step failed")
+            self._inflight.release()
+            self._fail(scheduled, exc)
+            if is_sticky_device_error(exc):
+                raise
+            return
+        with self._lock:
+            inline = self._handed_off == 0 and lazy.ready()
+            self._handed_off += not inline
+        if inline:  # already on the host (CPU): answer here, no hand-off to the completion thread
+            self._complete(scheduled, lazy, launched_at)
+        else:
+            self._launched.put((scheduled, lazy, launched_at))
 
     def _guarded(self, loop: Callable[[], None]) -> None:
         """Run a service thread's loop; if it ends by an exception, the service fails for good."""

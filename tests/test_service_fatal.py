@@ -96,7 +96,7 @@ def test_default_on_fatal_exits_the_process():
 import sys, time
 sys.path[:0] = ["tests", "."]
 from fake_engine import FakeEngine, Replies, make_service, submit
-from engine_lib.serving import EXIT_CODE
+from engine_lib.fatal import EXIT_CODE
 service = make_service(FakeEngine())
 def broken():
     raise RuntimeError("injected")
@@ -106,7 +106,7 @@ time.sleep(10)
 print("still alive")
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    from engine_lib.serving import EXIT_CODE
+    from engine_lib.fatal import EXIT_CODE
 
     assert run.returncode == EXIT_CODE and "still alive" not in run.stdout, run.stderr[-2000:]
     assert "encoder failed: rose-scheduler thread died" in run.stderr

@@ -14,7 +14,7 @@ from engine_lib.errors import InputError, OverloadError
 from engine_lib.metrics import MetricsPublisher
 from rose_triton.errors import client_message, code_name
 from rose_triton.metrics import TritonMetricSink
-from rose_triton.parameters import load_config, output_names
+from rose_triton.parameters import input_names, load_config, output_names
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -38,6 +38,7 @@ class TritonPythonModel:
         try:
             self.encoder = build_encoder(load_config(EncoderConfig, args))
             self.output_name = output_names(args)[0]
+            self.takes_token_types = "TOKEN_TYPE_IDS" in input_names(args)
             if self.output_name != self.encoder.output.name:
                 raise ValueError(f"config.pbtxt declares output {self.output_name!r} but the task gives "
                                  f"{self.encoder.output.name!r}")
@@ -58,7 +59,8 @@ class TritonPythonModel:
                 self.encoder.submit(input_ids, seq_lens, options,
                                     lambda result, error, sender=sender: _respond(sender, name, result, error),
                                     is_cancelled=sender.is_cancelled,
-                                    token_types=_optional_input(request, "TOKEN_TYPE_IDS"), received_at=received_at)
+                                    token_types=_optional_input(request, "TOKEN_TYPE_IDS") if self.takes_token_types else None,
+                                    received_at=received_at)
             except (InputError, OverloadError) as exc:
                 _respond(sender, name, None, exc)
             except Exception as exc:  # every request gets exactly one final response
