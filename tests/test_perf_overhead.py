@@ -84,7 +84,8 @@ def test_short_form_breaks_down_hops_and_load(short_run):
     assert {"ensemble", "tokenizer", "rose_encoder"} <= set(ensemble)
     assert ensemble["rose_encoder"]["requests"] == 6 and "queue_us" in ensemble["rose_encoder"]
     unary = results["paths"]["unary_grpc"]["current"]["triton_stats"]
-    assert {"embed", "ensemble"} <= set(unary)
+    assert {"embed", "rose_encoder"} <= set(unary) and not {"ensemble", "tokenizer"} & set(unary)  # tokenizes itself
+    assert unary["rose_encoder"]["requests"] == 6
     assert "stub:rose_encoder" in results["paths"]["tokens"]["current"]["server_cpu_ms_by_process"] or \
         results["paths"]["tokens"]["current"]["server_cpu_ms_per_request"] < 1  # 10 ms ticks over 6 requests
     cells = results["load"]
