@@ -99,7 +99,7 @@ class Gateway:
         self.require_ready()
         encoded = await self._encode(req)
         num_tokens = int(encoded.seq_lens.sum())
-        rows = await self._dispatch(self.backend.embed(encoded, req.parameters()), num_tokens)
+        rows = await self._dispatch(request, self.backend.embed(encoded, req.parameters()), num_tokens)
         self.metrics.tokens.inc(num_tokens)
         self.metrics.inputs.labels("embeddings").inc(req.num_inputs)
         return json_response(embeddings.render_response(rows, self.model_name, req.encoding_format, num_tokens))
@@ -113,8 +113,10 @@ class Gateway:
         return await asyncio.get_running_loop().run_in_executor(
             self.pool, self.tokenizer.encode_texts, req.texts, req.input_type, req.truncate)
 
-    async def _dispatch(self, job, num_tokens: int, param: str = "input"):
-        """Run a backend job under the pending-token bound; map its failure to a status."""
+    async def _dispatch(self, request: Request, job, num_tokens: int, param: str = "input"):
+        """Run a backend job under the pending-token bound; map its failure to a status.
+        If the client leaves first, the job is cancelled: its queued chunks are never sent
+        (chunks already in flight finish on their replicas)."""
         try:
             self.admit(num_tokens)
         except ApiError:
@@ -122,7 +124,11 @@ class Gateway:
             raise
         self.pending_tokens += num_tokens
         try:
-            return await job
+            return await _unless_client_leaves(request, job)
+        except ClientLeft:
+            self.metrics.disconnects.inc()
+            raise ApiError(499, "the client closed the connection before the answer", None,
+                           "client_closed_request") from None
         except ChunkRefused as exc:
             message = str(exc.error).split("invalid input: ", 1)[-1]
             raise bad_request(message, "dimensions" if "'dimensions'" in message else param) from None
@@ -144,7 +150,7 @@ class Gateway:
         if not self.backend.reranker_served:
             raise model_not_found(req.model or name, [], ": no reranker is served (start the launcher with "
                                                          "--rerank-model-dir)")
-        scores = await self._dispatch(self.backend.rerank(req.query, req.documents, req.parameters),
+        scores = await self._dispatch(request, self.backend.rerank(req.query, req.documents, req.parameters),
                                       len(req.documents), "documents")
         self.metrics.inputs.labels("rerank").inc(len(req.documents))
         return json_response(rerank.render_results(req, scores, name))
@@ -166,6 +172,27 @@ class Gateway:
         completed = {url: r.completed_chunks for url, r in dispatcher.tasks.replicas.items()}
         text = self.metrics.render(dispatcher.inflight, completed, self.backend.ready, self.pending_tokens)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+class ClientLeft(Exception):
+    pass
+
+
+async def _unless_client_leaves(request: Request, job):
+    """Await `job`; if the HTTP client disconnects first, cancel it and raise ClientLeft.
+    The body has been read, so the next ASGI message is the disconnect."""
+    work = asyncio.ensure_future(job)
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and gone.result().get("type") == "http.disconnect":
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise ClientLeft()
+        return await work
+    finally:
+        gone.cancel()
+        work.cancel()
 
 
 def _endpoint(gateway: Gateway, name: str, handler):

@@ -5,7 +5,7 @@ import orjson
 from starlette.responses import Response
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
          500: "server_error", 503: "service_unavailable"}
 
 

@@ -21,6 +21,8 @@ class GatewayMetrics:
         self.chunks = Counter("gateway_chunks", "Chunks sent to replicas", ["endpoint"], registry=r)
         self.retries = Counter("gateway_chunk_retries", "Chunk attempts that failed on a replica (retried or not)",
                                ["replica"], registry=r)
+        self.disconnects = Counter("gateway_client_disconnects", "Requests whose client left before the answer "
+                                   "(their queued chunks were dropped)", registry=r)
         self.inflight = Gauge("gateway_replica_inflight", "Chunks in flight per replica", ["replica"], registry=r)
         self.completed = Gauge("gateway_replica_chunks_completed", "Chunks a replica answered since the gateway "
                                "started", ["replica"], registry=r)

@@ -2,7 +2,9 @@
 through the official `openai` client and langchain-openai: rows equal the
 ensemble's (same ids) and sentence-transformers'; every error status."""
 import concurrent.futures
+import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -139,6 +141,40 @@ def test_models_health_and_metrics(server, client):
     assert float(samples["gateway_tokens_total"]) > 0
     assert float(samples[f'gateway_replica_ready{{replica="{server.grpc_url}"}}']) == 1
     assert f'gateway_replica_inflight{{replica="{server.grpc_url}"}}' in samples
+
+
+def gateway_samples(gateway_url) -> dict[str, float]:
+    with urllib.request.urlopen(f"{gateway_url}/metrics") as r:
+        text = r.read().decode()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+def test_a_client_that_leaves_stops_its_queued_chunks(server, client):
+    """Seconds of chunks for one replica; the client hangs up once the first are in flight:
+    the rest are never sent, the metrics say so, and the gateway keeps serving."""
+    inflight = f'gateway_replica_inflight{{replica="{server.grpc_url}"}}'
+    done = f'gateway_replica_chunks_completed{{replica="{server.grpc_url}"}}'
+    planned = 'gateway_chunks_total{endpoint="embeddings"}'
+    before = gateway_samples(server.gateway_url)
+    texts = [f"left behind {i} " + "a longer passage " * 25 for i in range(3000)]
+    host, port = server.gateway_url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", "/v1/embeddings", json.dumps({"model": MODEL, "input": texts}),
+                       {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while gateway_samples(server.gateway_url).get(inflight, 0) < 1:
+        assert time.monotonic() < deadline, "no chunk of the request ever went out"
+        time.sleep(0.02)
+    connection.close()
+    while (now := gateway_samples(server.gateway_url)).get(inflight, 0) or now["gateway_pending_tokens"]:
+        assert time.monotonic() < deadline, "the chunks in flight never finished"
+        time.sleep(0.1)
+    num_planned = now[planned] - before[planned]
+    num_answered = now[done] - before.get(done, 0)
+    assert num_planned > 40 and num_answered < num_planned / 2, (num_planned, num_answered)
+    assert now["gateway_client_disconnects_total"] == before.get("gateway_client_disconnects_total", 0) + 1
+    assert now['gateway_requests_total{endpoint="embeddings",status="499"}'] >= 1
+    assert len(client.embeddings.create(model=MODEL, input=TEXTS).data) == len(TEXTS)
 
 
 @pytest.fixture(scope="module")
