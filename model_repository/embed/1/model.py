@@ -47,7 +47,7 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {exc}"))
 
     async def _encode(self, request):
-        parameters = request.parameters()
+        parameters = json.loads(request.parameters() or "{}")  # parsed once: for the tokenize step and the encoder
         try:
             arrays = {}
             for name in self.inputs:
@@ -58,7 +58,7 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(exc), pb_utils.TritonError.INVALID_ARG))
         bls = pb_utils.InferenceRequest(
             model_name=self.encoder_model, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
-            requested_output_names=self.outputs, parameters=json.loads(parameters or "{}"))
+            requested_output_names=self.outputs, parameters=parameters)
         responses = await bls.async_exec(decoupled=True)
         for response in responses:
             if response.has_error():
