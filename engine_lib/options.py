@@ -23,7 +23,7 @@ def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
         return {}
     if isinstance(params, str):
         try:
-            params = json.loads(params) if params else {}
+            params = json.loads(params)
         except ValueError:
             raise InputError("request parameters are not valid JSON") from None
     if not isinstance(params, (dict, type(None))):
