@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
-from .model_folder import DEFAULT_MODEL
+from engine_lib.model_folder import DEFAULT_MODEL
 
 AUTO = -1  # integer settings that also take "auto" store it as -1
 
@@ -139,7 +139,7 @@ class EncoderConfig:
         if self.max_graph_seqs != AUTO and self.max_graph_seqs < 1:
             raise ValueError(f"max_graph_seqs must be >= 1 (or auto), got {self.max_graph_seqs}")
         if self.num_threads < 0:
-            raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/step_threads.py)")
+            raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/runner/step_threads.py)")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "EncoderConfig":

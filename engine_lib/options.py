@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .config import parse_bool
-from .errors import InputError
+from engine_lib.config import parse_bool
+from engine_lib.errors import InputError
 
 INPUT_TYPES = ("document", "query")
 

@@ -1,5 +1,5 @@
 """Texts and token-id inputs -> flat INPUT_IDS + SEQ_LENS, with the tokenizer
-model's own code (engine_lib.tokenization) and settings (its config.pbtxt and
+model's own code (engine_lib.tokenization.text) and settings (its config.pbtxt and
 the launcher's ROSE_* overrides), so the ids equal the ensemble path's."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
-from engine_lib.tokenization import TextTokenizer
+from engine_lib.tokenization.text import TextTokenizer
 from rose_triton.parameters import env_overrides
 
 from .errors import bad_request, too_large

@@ -1,6 +1,6 @@
-"""Engine-level CPU ratios in one run (issue 11): `python -m perf.engine_bench [--out FILE]`.
+"""ModelRunner-level CPU ratios in one run (issue 11): `python -m perf.engine_bench [--out FILE]`.
 
-- all-MiniLM-L6-v2 `Engine.step` at 1 x 128 tokens vs ONNX Runtime's optimum O2 export
+- all-MiniLM-L6-v2 `ModelRunner.step` at 1 x 128 tokens vs ONNX Runtime's optimum O2 export
   (same token ids, in its own venv: `python -m perf setup ort` first);
 - model FLOP/s at 32 x 256 tokens as a fraction of the dense-GEMM FLOP/s measured in the same run;
 - the same for a random-weight Qwen3 of the 0.6B shape cut to a few layers (no ORT export of it).
@@ -21,10 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from perf.machine import cpu_busy, describe, gemm_flops, wait_until_quiet  # noqa: E402
+from perf.machine import cpu_busy, describe, gemm_flops, wait_until_quiet
 
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=1000000.0)
@@ -61,7 +58,7 @@ def flops_per_token(cfg: dict, seq_len: int) -> float:
 
 
 def engine_timer(engine, batch: int, length: int):
-    from engine_lib.batch import PackedBatch
+    from engine_lib.contract import PackedBatch
 
     rng = np.random.default_rng(0)
     packed = PackedBatch.from_sequences([rng.integers(1000, min(20000, engine.vocab_size), size=length)
@@ -127,8 +124,8 @@ def main() -> None:
     from transformers import Qwen3Model
 
     from engine_lib.model_folder import resolve_model_dir
-    from engine_lib.engine import Engine
-    from tiny_models import qwen3_config, save_random_model
+    from engine_lib.runner.model_runner import ModelRunner
+    from testing.tiny_models import qwen3_config, save_random_model
 
     report = {"machine": describe(), "cpu_busy_before": wait_until_quiet(0.3, 90.0),
               "load_avg_at_start": list(os.getloadavg()),
@@ -136,7 +133,7 @@ def main() -> None:
     report["gemm"] = gemm_flops(3.0)
     minilm_dir = resolve_model_dir("default")
     minilm_cfg = json.loads(Path(minilm_dir, "config.json").read_text())
-    engine = Engine(minilm_dir, device="cpu")
+    engine = ModelRunner(minilm_dir, device="cpu")
     small = {"rose": engine_timer(engine, 1, 128)}
     large = {"rose": engine_timer(engine, 32, 256)}
     ort_small, ort_large = ort_timer(minilm_dir, 1, 128), ort_timer(minilm_dir, 32, 256)
@@ -148,7 +145,7 @@ def main() -> None:
         config = qwen3_config(vocab_size=32768, num_hidden_layers=args.qwen3_layers, **QWEN3_06B)
         save_random_model(Qwen3Model, config, folder, seed=0)
         qwen3_cfg = json.loads(Path(folder, "config.json").read_text())
-        qwen3 = Engine(folder, device="cpu")
+        qwen3 = ModelRunner(folder, device="cpu")
         report["qwen3_0.6b_shape"] = {"layers": args.qwen3_layers,
                                       "1x128": interleaved({"rose": engine_timer(qwen3, 1, 128)}, args.rounds, args.reps),
                                       "32x256": interleaved({"rose": engine_timer(qwen3, 32, 256)}, 2, 1)}

@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from . import machine
 from .lineup import REPO, gateway_target, rose_target
 from .measure import latency_loop, latency_stats

@@ -36,7 +36,7 @@ if [[ -z "$OUT_DIR" ]]; then
   fi
 fi
 mkdir -p "$OUT_DIR"
-export PYTHONPATH="$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || true)}"
 cd "$ROOT"
@@ -45,9 +45,9 @@ log "results in $OUT_DIR"
 
 if [[ "$DRY_RUN" == 1 ]]; then
   log "dry run on CPU: $("$PYTHON" -c 'import torch; print("torch", torch.__version__)')"
-  "$PYTHON" perf/gpu_served.py --dry-run --out "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt"
+  "$PYTHON" -m perf.gpu_served --dry-run --out "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt"
   served=${PIPESTATUS[0]}
-  "$PYTHON" perf/gpu_latency.py --dry-run --out "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt"
+  "$PYTHON" -m perf.gpu_latency --dry-run --out "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt"
   latency=${PIPESTATUS[0]}
   log "dry run exit statuses: served $served, latency $latency"
   [[ $served == 0 && $latency == 0 ]]
@@ -63,7 +63,7 @@ if "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
   timeout 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="" -rA -q \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
-    tests/test_attention.py tests/test_cuda_graphs.py tests/test_lazy_tensor.py tests/test_models_qwen3.py \
+    tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
   tests_status=$?
   tail -n 25 "$OUT_DIR/gpu_tests.log" >&2
@@ -74,12 +74,12 @@ else
 fi
 
 log "served path (Encoder + EncoderService + CUDA engine with graphs)"
-timeout 200 "$PYTHON" perf/gpu_served.py --out "$OUT_DIR" 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout 200 "$PYTHON" -m perf.gpu_served --out "$OUT_DIR" 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 served_status=${PIPESTATUS[0]}
 log "served exit status $served_status"
 
 log "low-latency scenario, engine only (eager vs graphs vs HF transformers)"
-timeout 90 "$PYTHON" perf/gpu_latency.py --out "$OUT_DIR" --iters 100 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout 90 "$PYTHON" -m perf.gpu_latency --out "$OUT_DIR" --iters 100 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 latency_status=${PIPESTATUS[0]}
 log "latency exit status $latency_status"
 [[ $tests_status == 0 && $served_status == 0 && $latency_status == 0 ]]

@@ -22,11 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from engine_lib.batch import PackedBatch  # noqa: E402
-from engine_lib.engine import Engine  # noqa: E402
+from engine_lib.contract import PackedBatch
+from engine_lib.runner.model_runner import ModelRunner
 
 QWEN3_EMBEDDING_0_6B = dict(vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                             num_key_value_heads=8, head_dim=128, intermediate_size=3072,
@@ -69,13 +66,13 @@ def build_model_folder(shape: dict, folder: str, device: torch.device):
     return model
 
 
-def graph_engine(folder: str, max_tokens: int, common: dict, options: dict) -> Engine:
+def graph_engine(folder: str, max_tokens: int, common: dict, options: dict) -> ModelRunner:
     """Graphs with the auto backend, or with `masked` where the auto one cannot be captured."""
     try:
-        return Engine(folder, cuda_graphs="on", max_graph_tokens=max_tokens, **common, **options)
+        return ModelRunner(folder, cuda_graphs="on", max_graph_tokens=max_tokens, **common, **options)
     except ValueError as exc:
         print(f"[latency] {exc}; graphs use attention_backend=masked", flush=True)
-        return Engine(folder, cuda_graphs="on", max_graph_tokens=max_tokens, attention_backend="masked", **common)
+        return ModelRunner(folder, cuda_graphs="on", max_graph_tokens=max_tokens, attention_backend="masked", **common)
 
 
 def percentiles(samples_ms: list[float]) -> dict:
@@ -98,7 +95,7 @@ def hf_embed(model, device):
     return embed
 
 
-def engine_embed(engine: Engine):
+def engine_embed(engine: ModelRunner):
     def embed(ids: np.ndarray) -> np.ndarray:
         return engine.step(PackedBatch.from_sequences([ids])).wait()
     return embed
@@ -156,7 +153,7 @@ def main(argv=None) -> int:
         hf_model = model.to(half)
         common = dict(device=device.type, dtype="float32" if args.dry_run else "bfloat16")
         graph_options = dict(attention_backend="masked", graph_capture=rerun_capture) if args.dry_run else {}
-        eager = Engine(folder, cuda_graphs="off", **common)
+        eager = ModelRunner(folder, cuda_graphs="off", **common)
         graphs = graph_engine(folder, max(4096, max(args.lengths)), common, graph_options)
     systems = {"rose_eager": engine_embed(eager), "rose_graphs": engine_embed(graphs),
                "hf_transformers": hf_embed(hf_model, device)}

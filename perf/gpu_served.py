@@ -1,11 +1,11 @@
-"""The served path on one GPU: Encoder (EncoderService + a CUDA engine with graphs) under concurrent load.
+"""The served path on one GPU: Endpoint (BatchingService + a CUDA engine with graphs) under concurrent load.
 
 Random-weight Qwen3-Embedding-0.6B-shaped model (timing does not depend on weight
-values), built with `build_encoder` exactly as the Triton model builds it
+values), built with `build_endpoint` exactly as the Triton model builds it
 (bf16, graphs auto, max_batch_tokens=auto, self-check on). Then:
 1. correctness under concurrency: threads submit mixed-length requests at once;
    every row is checked against a float32 eager engine (cosine >= 0.999);
-2. the seed's scenarios 1-3 through the Encoder (pre-tokenized): batch 1 at
+2. the seed's scenarios 1-3 through the Endpoint (pre-tokenized): batch 1 at
    128/512/4096 tokens sequential; 512 tokens at batch 5/25/50 sequential;
    batches of 100 at 512/1024/4096 tokens from 4 client threads;
 3. bf16 vs fp32 (the self-check figure and the rows above), graph counters.
@@ -27,19 +27,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from engine_lib.batch import PackedBatch  # noqa: E402
-from engine_lib.build import build_encoder  # noqa: E402
-from engine_lib.config import EncoderConfig  # noqa: E402
-from engine_lib.engine import Engine  # noqa: E402
-from engine_lib.options import RequestOptions  # noqa: E402
-from perf import report  # noqa: E402
-from perf.gpu_latency import QWEN3_EMBEDDING_0_6B, TINY, build_model_folder, rerun_capture  # noqa: E402
-from perf.engine_bench import flops_per_token  # noqa: E402
-from perf.machine import describe, gemm_flops  # noqa: E402
-from perf.measure import latency_stats  # noqa: E402
+from engine_lib.config import EncoderConfig
+from engine_lib.contract import PackedBatch
+from engine_lib.options import RequestOptions
+from engine_lib.runner.model_runner import ModelRunner
+from engine_lib.service.build import build_endpoint
+from perf import report
+from perf.engine_bench import flops_per_token
+from perf.gpu_latency import QWEN3_EMBEDDING_0_6B, TINY, build_model_folder, rerun_capture
+from perf.machine import describe, gemm_flops
+from perf.measure import latency_stats
 
 MIN_COSINE = 0.999
 FULL = dict(s1=(128, 512, 4096), s2_len=512, s2=(5, 25, 50), s3_batch=100, s3=(512, 1024, 4096), s3_seconds=6.0,
@@ -49,7 +46,7 @@ DRY = dict(s1=(8, 40), s2_len=40, s2=(2, 5), s3_batch=8, s3=(40, 100), s3_second
 
 
 def embed(encoder, sequences: list[np.ndarray], timeout: float = 120.0) -> np.ndarray:
-    """One request through the Encoder; blocks until answered (normalised rows)."""
+    """One request through the Endpoint; blocks until answered (normalised rows)."""
     done, box = threading.Event(), {}
 
     def on_done(rows, error):
@@ -66,7 +63,7 @@ def embed(encoder, sequences: list[np.ndarray], timeout: float = 120.0) -> np.nd
     return box["rows"]
 
 
-def reference_rows(engine: Engine, sequences: list[np.ndarray]) -> np.ndarray:
+def reference_rows(engine: ModelRunner, sequences: list[np.ndarray]) -> np.ndarray:
     rows = engine.step(PackedBatch.from_sequences(sequences)).wait()
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
@@ -75,7 +72,7 @@ def min_cosine(rows: np.ndarray, expected: np.ndarray) -> float:
     return float(np.min(np.sum(rows.astype(np.float64) * expected, axis=1)))
 
 
-def concurrent_check(encoder, reference: Engine, sizes: dict, vocab: int) -> dict:
+def concurrent_check(encoder, reference: ModelRunner, sizes: dict, vocab: int) -> dict:
     """Threads submit mixed-length requests at once; every row vs the fp32 eager reference."""
     rng = np.random.default_rng(1)
     work = [[[rng.integers(0, vocab, size=int(n)) for n in rng.integers(1, sizes["max_mixed"], size=rng.integers(1, 7))]
@@ -179,7 +176,7 @@ def main(argv=None) -> int:
     machine = {**describe(), "load_avg_at_start": list(os.getloadavg())}
     with tempfile.TemporaryDirectory() as folder:
         build_model_folder(shape, folder, torch.device(device))  # the HF model it returns is not needed
-        reference = Engine(folder, device=device, dtype="float32", cuda_graphs="off")
+        reference = ModelRunner(folder, device=device, dtype="float32", cuda_graphs="off")
         params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
                   "max_batch_tokens": "auto", "max_queued_tokens": str(4 << 20)}
         extra = {}
@@ -187,7 +184,7 @@ def main(argv=None) -> int:
             params.update(attention_backend="masked", cuda_graphs="on")
             extra = {"graph_capture": rerun_capture}
         load_start = time.perf_counter()
-        encoder = build_encoder(EncoderConfig.from_parameters(params), **extra)
+        encoder = build_endpoint(EncoderConfig.from_parameters(params), **extra)
         load_seconds = time.perf_counter() - load_start
     engine = encoder.service.engine
     print(f"[served] loaded in {load_seconds:.1f} s: {engine.dtype}, backend {engine.backend.name}, graphs "
@@ -210,7 +207,7 @@ def main(argv=None) -> int:
     graphs_ok = engine.graphs is not None and stats["replays"] > 0 and stats["capture_failures"] == 0
     results = {
         "profile": "gpu-served" + ("-dry-run" if args.dry_run else ""),
-        "description": "The served path (Encoder over EncoderService, CUDA graphs, max_batch_tokens=auto) on a "
+        "description": "The served path (Endpoint over BatchingService, CUDA graphs, max_batch_tokens=auto) on a "
                        "random-weight Qwen3-Embedding-0.6B-shaped model; pre-tokenized requests.",
         "notes": [f"dtype {engine.dtype}, attention {engine.backend.name}, max_batch_tokens=auto -> "
                   f"{encoder.service.max_batch_tokens}; load (incl. self-check and budget) {load_seconds:.1f} s",
@@ -225,7 +222,7 @@ def main(argv=None) -> int:
                   "config": {k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                    "num_attention_heads")}},
         "gemm_ceiling": ceiling,
-        "targets": {"rose": {"label": "ours: Encoder + EncoderService + Engine in-process (no Triton)",
+        "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
                              "versions": {"torch": torch.__version__}}},
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         "cells": cells, "self_check_cosine": engine.self_check_cosine, "concurrency": concurrency,

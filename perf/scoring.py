@@ -58,7 +58,7 @@ class PairRequests:
 
     def __init__(self, model_dir: str):
         from engine_lib.config import PairTokenizerConfig
-        from engine_lib.pair_tokenization import PairTokenizer
+        from engine_lib.tokenization.pairs import PairTokenizer
 
         self.pairs = PairTokenizer(model_dir, PairTokenizerConfig())
         self.maker = TextMaker(str(Path(model_dir) / "tokenizer.json"), self.pairs.max_length)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from engine_lib.metrics import INITIAL_LABELS, SPECS, Labels
+from engine_lib.service.metrics import INITIAL_LABELS, SPECS, Labels
 
 
 class TritonMetricSink:

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .masked import MaskedSdpaBackend
-from .sdpa import SdpaBackend
-from .varlen import VarlenBackend, varlen_available
+from engine_lib.attention.masked import MaskedSdpaBackend
+from engine_lib.attention.sdpa import SdpaBackend
+from engine_lib.attention.varlen import VarlenBackend, varlen_available
 
 BACKENDS = ("auto", "sdpa", "masked", "varlen", "flashinfer")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -96,6 +96,6 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, shape: A
         return VarlenBackend(causal=shape.causal)
     if not flashinfer_available():
         raise ValueError("attention_backend=flashinfer: the flashinfer-python package is not installed")
-    from .flashinfer import FlashInferBackend
+    from engine_lib.attention.flashinfer import FlashInferBackend
 
     return FlashInferBackend(shape, dtype, device)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..lazy_tensor import host_tensor
+from engine_lib.device.lazy_tensor import host_tensor
 
 PAD_SEQ_ID = -1  # graph padding tokens form one extra block among themselves
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..lazy_tensor import host_tensor
+from engine_lib.device.lazy_tensor import host_tensor
 
 
 def _varlen_attn():

@@ -1,8 +1,8 @@
 """Model families, selected by `model_type` in the model folder's config.json."""
 from __future__ import annotations
 
-from .bert import BertModel, XLMRobertaModel
-from .qwen3 import Qwen3Model
+from engine_lib.models.bert import BertModel, XLMRobertaModel
+from engine_lib.models.qwen3 import Qwen3Model
 
 MODEL_FAMILIES = {
     "bert": BertModel,

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..loader import read_tensors
-from ..model_folder import ModelFolder
-from ..pooling import pool
-from ..rerank_families import scoring_architecture
+from engine_lib.model_folder import ModelFolder
+from engine_lib.models.families import scoring_architecture
+from engine_lib.models.loader import read_tensors
+from engine_lib.models.pooling import pool
 
 TASKS = ("embed", "score")
 

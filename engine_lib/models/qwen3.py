@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
-from .fused import FusedLinear
+from engine_lib.models.fused import FusedLinear
 
 
 def rope_theta(cfg: dict) -> float:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,10 +16,8 @@ def build_tiny_model(folder: str | Path, default_dir: str | None = None, seed: i
     """Write the tiny folder (random weights, fixed seed) and return it; reused if already complete."""
     from transformers import BertConfig, BertModel
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from tiny_models import save_random_model
-
     from engine_lib.model_folder import resolve_model_dir
+    from testing.tiny_models import save_random_model
 
     folder = Path(folder)
     if (folder / "model.safetensors").is_file() and (folder / ".complete").is_file():

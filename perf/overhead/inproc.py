@@ -1,4 +1,4 @@
-"""The same model in this process, no server: Engine.step, the tokenizer, and EncoderService alone."""
+"""The same model in this process, no server: ModelRunner.step, the tokenizer, and BatchingService alone."""
 from __future__ import annotations
 
 import threading
@@ -12,27 +12,27 @@ class InProcess:
         import torch
 
         from engine_lib.config import TokenizerConfig
-        from engine_lib.engine import Engine
-        from engine_lib.tokenization import TextTokenizer
+        from engine_lib.runner.model_runner import ModelRunner
+        from engine_lib.tokenization.text import TextTokenizer
 
-        self.engine = Engine(model_dir)
+        self.engine = ModelRunner(model_dir)
         self.tokenizer = TextTokenizer(model_dir, TokenizerConfig())
         self.threads = torch.get_num_threads()
         self._service = None
 
     def service(self):
         if self._service is None:
-            from engine_lib.encoder import Encoder
-            from engine_lib.serving import EncoderService
+            from engine_lib.service.batching import BatchingService
+            from engine_lib.service.endpoint import Endpoint
 
-            self._service = Encoder(EncoderService(self.engine, 8192, 256))
+            self._service = Endpoint(BatchingService(self.engine, 8192, 256))
         return self._service
 
     def step_ms(self, requests, threads: int | None = None) -> list[float]:
-        """Engine.step at torch's default intra-op threads, or at `threads` (then restored)."""
+        """ModelRunner.step at torch's default intra-op threads, or at `threads` (then restored)."""
         import torch
 
-        from engine_lib.batch import PackedBatch
+        from engine_lib.contract import PackedBatch
 
         out = []
         if threads:
@@ -59,7 +59,7 @@ class InProcess:
         return out
 
     def service_ms(self, requests) -> list[float]:
-        """Submit -> callback through the Encoder (validation, EncoderService's threads, post-processing)."""
+        """Submit -> callback through the Endpoint (validation, BatchingService's threads, post-processing)."""
         from engine_lib.options import RequestOptions
 
         service, done, out = self.service(), threading.Event(), []

@@ -40,10 +40,10 @@ def path_table(results: dict) -> list[str]:
     step, tok, svc = (inproc[k] for k in ("engine_step", "tokenizer", "service"))
     one = inproc.get("engine_step_1_thread")
     lines += ["", f"In-process, same model, this process ({inproc['torch_threads']} torch threads), p50 / p99 ms: "
-              f"`Engine.step` {_f(step['p50_ms'], 3)} / {_f(step['p99_ms'], 3)}"
+              f"`ModelRunner.step` {_f(step['p50_ms'], 3)} / {_f(step['p99_ms'], 3)}"
               + (f" (on 1 thread {_f(one['p50_ms'], 3)} / {_f(one['p99_ms'], 3)})" if one else "")
               + "; tokenizer (decode + encode) "
-              f"{_f(tok['p50_ms'], 3)} / {_f(tok['p99_ms'], 3)}; `EncoderService` submit -> callback (its threads, "
+              f"{_f(tok['p50_ms'], 3)} / {_f(tok['p99_ms'], 3)}; `BatchingService` submit -> callback (its threads, "
               f"no Triton) {_f(svc['p50_ms'], 3)} / {_f(svc['p99_ms'], 3)}.", ""]
     return lines
 
@@ -87,7 +87,7 @@ def hop_table(results: dict) -> list[str]:
             hops = " / ".join(_f(hop.get(h), 0) for h in HOPS) if hop else "-"
             cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["server_cpu_ms_by_process"].items())
             lines.append(f"| `{path}` | {name} | {models} | {hops} | {cpu} |")
-    return lines + ["", "Encoder hops: " + "; ".join(f"{h} = {d}" for h, d in HOP_NAMES.items()) + ". Triton "
+    return lines + ["", "Endpoint hops: " + "; ".join(f"{h} = {d}" for h, d in HOP_NAMES.items()) + ". Triton "
                     "statistics are means per request over the timed windows (a decoupled model's compute_infer "
                     "is its `execute` call, not the request's life).", ""]
 
@@ -104,7 +104,7 @@ def markdown(results: dict) -> str:
              "- Machine busy before each round (anyone's work): " + ", ".join(f"{b:.0%}" for b in busy),
              "- Paths: " + "; ".join(f"`{p}` {d}" for p, d in results["paths_described"].items()), "",
              "## Batch 1, one client, 128 tokens", "",
-             "Overhead = served p50 minus the same model in-process (`Engine.step`, plus the tokenizer where the "
+             "Overhead = served p50 minus the same model in-process (`ModelRunner.step`, plus the tokenizer where the "
              "server tokenizes). Client CPU is this harness's own process (tritonclient / http.client).", ""]
     lines += path_table(results)
     if results.get("load"):

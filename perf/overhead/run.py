@@ -84,7 +84,7 @@ class Window:
         return False
 
     def encoder_hops(self, lag_s: float) -> dict:
-        """Encoder hop means over the window; call after the loop (its counters are published every 0.5 s)."""
+        """Endpoint hop means over the window; call after the loop (its counters are published every 0.5 s)."""
         time.sleep(lag_s)
         return hops.hops_delta(hops.encoder_hops(self.variant.server.metrics_url), self.hops0)
 
@@ -195,7 +195,7 @@ def load(settings: Settings, variants, requests) -> list[dict]:
 
 
 def overheads(paths: dict, inproc: dict) -> None:
-    """served p50 - (in-process Engine.step p50 [+ tokenizer p50 where the server tokenizes])."""
+    """served p50 - (in-process ModelRunner.step p50 [+ tokenizer p50 where the server tokenizes])."""
     step, tok = inproc["engine_step"]["p50_ms"], inproc["tokenizer"]["p50_ms"]
     for path, by_variant in paths.items():
         _, tokenizes, is_model = clients.PATHS[path]

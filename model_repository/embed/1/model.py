@@ -2,7 +2,7 @@
 
 The same file serves every unary front of the assembled repository: `embed`
 (TEXT -> `rose_encoder`, EMBEDDINGS) and `score` (QUERY + DOCUMENTS ->
-`rerank_encoder`, SCORES). The tokenize step (engine_lib.tokenize_step) is the
+`rerank_encoder`, SCORES). The tokenize step (engine_lib.tokenization.steps) is the
 one the `tokenizer_model` runs, built from that model's config.pbtxt parameters
 and ROSE_* environment, so ids equal the ensemble's; the encoder is `encoder_model`.
 """
@@ -12,10 +12,15 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.errors import InputError
-from engine_lib.tokenize_step import step_for_inputs
+from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import client_message, code_name_from_message
-from rose_triton.parameters import (config_from_parameters, config_parameters, input_names, output_names,
-                                    sibling_parameters)
+from rose_triton.parameters import (
+    config_from_parameters,
+    config_parameters,
+    input_names,
+    output_names,
+    sibling_parameters,
+)
 
 
 def _error_response(error):

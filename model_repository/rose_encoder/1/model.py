@@ -1,4 +1,4 @@
-"""Triton adapter (decoupled): requests -> engine_lib's Encoder (pool, FCFS batches, LazyTensors).
+"""Triton adapter (decoupled): requests -> engine_lib's Endpoint (pool, FCFS batches, LazyTensors).
 
 The same file serves every encoder of the assembled repository: `rose_encoder`
 (task embed -> EMBEDDINGS) and `rerank_encoder` (task score -> SCORES, with
@@ -8,10 +8,10 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.build import build_encoder
 from engine_lib.config import EncoderConfig
 from engine_lib.errors import InputError, OverloadError
-from engine_lib.metrics import MetricsPublisher
+from engine_lib.service.build import build_endpoint
+from engine_lib.service.metrics import MetricsPublisher
 from rose_triton.errors import client_message, code_name
 from rose_triton.metrics import TritonMetricSink
 from rose_triton.parameters import input_names, load_config, output_names
@@ -36,7 +36,7 @@ def _optional_input(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         try:
-            self.encoder = build_encoder(load_config(EncoderConfig, args))
+            self.encoder = build_endpoint(load_config(EncoderConfig, args))
             self.output_name = output_names(args)[0]
             self.takes_token_types = "TOKEN_TYPE_IDS" in input_names(args)
             if self.output_name != self.encoder.output.name:

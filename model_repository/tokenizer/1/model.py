@@ -1,4 +1,4 @@
-"""Triton adapter: text inputs -> the encoder's flat INPUT_IDS + SEQ_LENS (engine_lib.tokenize_step).
+"""Triton adapter: text inputs -> the encoder's flat INPUT_IDS + SEQ_LENS (engine_lib.tokenization.steps).
 
 The same file serves every tokenizer model of the assembled repository: `tokenizer`
 (TEXT -> TextStep) and `rerank_tokenizer` (QUERY + DOCUMENTS -> PairStep, which adds
@@ -7,7 +7,7 @@ TOKEN_TYPE_IDS); the step is the one that takes the inputs config.pbtxt declares
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.errors import InputError
-from engine_lib.tokenize_step import step_for_inputs
+from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import client_message
 from rose_triton.parameters import input_names, load_config
 

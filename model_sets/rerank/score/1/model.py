@@ -1,1 +1,69 @@
-../../../../model_repository/embed/1/model.py
+"""Unary entry point: tokenizes in this process, then calls the decoupled encoder through BLS.
+
+The same file serves every unary front of the assembled repository: `embed`
+(TEXT -> `rose_encoder`, EMBEDDINGS) and `score` (QUERY + DOCUMENTS ->
+`rerank_encoder`, SCORES). The tokenize step (engine_lib.tokenization.steps) is the
+one the `tokenizer_model` runs, built from that model's config.pbtxt parameters
+and ROSE_* environment, so ids equal the ensemble's; the encoder is `encoder_model`.
+"""
+import asyncio
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from engine_lib.errors import InputError
+from engine_lib.tokenization.steps import step_for_inputs
+from rose_triton.errors import client_message, code_name_from_message
+from rose_triton.parameters import (config_from_parameters, config_parameters, input_names, output_names,
+                                    sibling_parameters)
+
+
+def _error_response(error):
+    # BLS hands every step error over as INTERNAL (Triton 2.51); the message's tag keeps the code.
+    name = code_name_from_message(error.message())
+    code = getattr(pb_utils.TritonError, name) if name else error.code()
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), code))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        try:
+            params = config_parameters(args)
+            self.encoder_model = params["encoder_model"]
+            self.inputs, self.outputs = input_names(args), output_names(args)
+            step = step_for_inputs(self.inputs)
+            self.tokenize = step(config_from_parameters(step.config_cls,
+                                                        sibling_parameters(args, params["tokenizer_model"])))
+        except Exception as exc:
+            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
+
+    async def execute(self, requests):
+        return await asyncio.gather(*(self._answer(request) for request in requests))
+
+    async def _answer(self, request):
+        try:
+            return await self._encode(request)
+        except Exception as exc:  # one request's failure must not fail the others in this execute
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {exc}"))
+
+    async def _encode(self, request):
+        parameters = json.loads(request.parameters() or "{}")  # parsed once: for the tokenize step and the encoder
+        try:
+            arrays = {}
+            for name in self.inputs:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                arrays[name] = None if tensor is None else tensor.as_numpy()
+            tensors = self.tokenize(arrays, parameters)
+        except InputError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(exc), pb_utils.TritonError.INVALID_ARG))
+        bls = pb_utils.InferenceRequest(
+            model_name=self.encoder_model, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
+            requested_output_names=self.outputs, parameters=parameters)
+        responses = await bls.async_exec(decoupled=True)
+        for response in responses:
+            if response.has_error():
+                return _error_response(response.error())
+            outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in self.outputs]
+            if all(t is not None for t in outputs):
+                return pb_utils.InferenceResponse(output_tensors=outputs)
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.encoder_model} returned no {self.outputs}"))

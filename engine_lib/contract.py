@@ -1,0 +1,86 @@
+"""The contract between the service and the runner: `PackedBatch` in, `LazyTensor` out, `Engine` between.
+
+Plain data and protocols only (numpy, no torch): the service, the scheduler
+and their fakes import this, never the runner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    input_ids: np.ndarray   # [num_tokens] int64, all sequences concatenated
+    positions: np.ndarray   # [num_tokens] int64, position inside its sequence
+    cu_seqlens: np.ndarray  # [num_seqs + 1] int32, cu_seqlens[0] == 0
+    max_seqlen: int
+    token_types: np.ndarray | None = None  # [num_tokens] int64 segment ids (BERT pairs); None = all 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+    @cached_property
+    def seq_ids(self) -> np.ndarray:
+        """[num_tokens] int64: the index of the sequence each token belongs to."""
+        return np.repeat(np.arange(self.num_seqs, dtype=np.int64), self.seq_lens)
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[np.ndarray],
+                       token_types: Sequence[np.ndarray | None] | None = None) -> "PackedBatch":
+        """`token_types[i]`: segment ids of sequence i (same length) or None (all 0)."""
+        if not sequences:
+            raise ValueError("a batch needs at least one sequence")
+        lens = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        if (lens < 1).any():
+            raise ValueError("every sequence needs at least one token")
+        cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu_seqlens[1:])
+        input_ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])
+        starts = np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
+        positions = np.arange(len(input_ids), dtype=np.int64) - starts
+        types = None
+        if token_types is not None and any(t is not None for t in token_types):
+            types = np.concatenate([np.zeros(len(s), dtype=np.int64) if t is None else np.asarray(t, dtype=np.int64)
+                                    for s, t in zip(sequences, token_types)])
+            if types.shape != input_ids.shape:
+                raise ValueError("token_types must have one entry per token")
+        return cls(input_ids, positions, cu_seqlens, int(lens.max()), types)
+
+
+class LazyTensor(Protocol):
+    """A result that may still be in flight on the accelerator (engine_lib/device/lazy_tensor.py)."""
+
+    def ready(self) -> bool:
+        """True when `wait()` will not block (the service then answers without a thread hand-off)."""
+        ...
+
+    def wait(self) -> np.ndarray:
+        """The host array, fp32 [num_seqs, output_dim]."""
+        ...
+
+
+class Engine(Protocol):
+    """The engine as the service sees it: `step(PackedBatch) -> LazyTensor` plus the model's limits."""
+
+    output_dim: int     # width of each row `step` returns (hidden size for embeddings, 1 for scores)
+    max_positions: int  # longest sequence the model takes
+    vocab_size: int     # token ids must lie in [0, vocab_size)
+    type_vocab_size: int  # segment ids must lie in [0, type_vocab_size) (1: the model has none)
+    task: str           # "embed" or "score" (engine_lib/service/outputs.py turns rows into answers)
+
+    def step(self, batch: PackedBatch) -> LazyTensor:
+        """Launch the forward pass of `batch` (its `token_types` may be None); the LazyTensor
+        resolves to fp32 [num_seqs, output_dim]."""
+        ...

@@ -1,0 +1,1 @@
+"""Device plumbing: lazy device-to-host results, staged inputs, the CUDA/driver check."""

@@ -1,0 +1,69 @@
+"""`max_batch_tokens=auto`: batch up to the token count where the device saturates.
+
+Below saturation a step costs about the same whatever its size (launch- or
+latency-bound), so bigger batches are free throughput; past it, step time
+grows in proportion to tokens and a bigger batch only adds latency. At start-up
+the engine times steps of 64, 128, 256, ... tokens (a few runs each, the fastest
+kept) and stops at the first size n whose double costs at least
+`(2 - slack)` times as much: the budget is that n. If no measured size
+saturates, the largest one is used.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+
+from engine_lib.contract import PackedBatch
+
+log = logging.getLogger(__name__)
+
+LADDER_START, LADDER_MAX = 64, 8192
+SLACK = 0.2  # doubling the batch must buy > 1/(1 - 0.1) ~ 11% more throughput to be worth it
+
+
+def saturation_tokens(step_seconds: Callable[[int], float], start: int = LADDER_START,
+                      largest: int = LADDER_MAX, slack: float = SLACK) -> tuple[int, dict[int, float]]:
+    """(budget, {tokens: seconds measured}); `step_seconds(n)` times one step of n tokens."""
+    timings = {start: step_seconds(start)}
+    n = start
+    while n * 2 <= largest:
+        timings[n * 2] = step_seconds(n * 2)
+        if timings[n * 2] >= (2 - slack) * timings[n]:
+            return n, timings
+        n *= 2
+    return n, timings
+
+
+def probe_batch(num_tokens: int, seq_len: int, vocab_size: int, seed: int = 0) -> PackedBatch:
+    """num_tokens tokens as sequences of seq_len (the last one shorter), random ids."""
+    rng = np.random.default_rng(seed)
+    lengths = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+    return PackedBatch.from_sequences([rng.integers(0, vocab_size, size=n) for n in lengths])
+
+
+def engine_step_timer(engine, runs: int = 3, clock: Callable[[], float] = time.perf_counter,
+                      seq_len: int = 256) -> Callable[[int], float]:
+    """Times `engine.step(...).wait()` (the served path, graphs included), fastest of `runs` after one warm-up."""
+    seq_len = min(seq_len, engine.max_positions)
+
+    def step_seconds(num_tokens: int) -> float:
+        batch = probe_batch(num_tokens, seq_len, engine.vocab_size)
+        engine.step(batch).wait()  # warm-up (and, with graphs, the eager run and the capture)
+        best = float("inf")
+        for _ in range(runs):
+            start = clock()
+            engine.step(batch).wait()
+            best = min(best, clock() - start)
+        return best
+    return step_seconds
+
+
+def auto_batch_tokens(engine, largest: int = LADDER_MAX, runs: int = 3,
+                      clock: Callable[[], float] = time.perf_counter) -> int:
+    budget, timings = saturation_tokens(engine_step_timer(engine, runs, clock), largest=largest)
+    log.info("max_batch_tokens=auto: %d tokens (step ms by tokens: %s)", budget,
+             ", ".join(f"{n}: {s * 1e3:.2f}" for n, s in timings.items()))
+    return budget

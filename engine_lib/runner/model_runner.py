@@ -1,0 +1,169 @@
+"""ModelRunner: one loaded model on one device; `step(PackedBatch) -> LazyTensor`."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine_lib.attention import AttentionShape, select_backend
+from engine_lib.contract import LazyTensor, PackedBatch
+from engine_lib.device.cuda_env import check_cuda_fits
+from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor, host_tensor
+from engine_lib.model_folder import ModelFolder
+from engine_lib.models import model_class
+from engine_lib.models.heads import build_head
+from engine_lib.models.loader import load_weights
+from engine_lib.models.pooling import pool
+from engine_lib.runner import self_check as probes
+from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GRAPH_MODES = ("auto", "on", "off")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name in ("auto", "cuda"):
+        check_cuda_fits()  # a GPU node whose driver does not fit this torch fails here, naming both
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+class ModelRunner:
+    """Loads the model folder, picks the attention backend, runs steps eagerly or through graphs.
+
+    cuda_graphs: "auto" graphs on CUDA when the backend can be captured; "on"
+    insists (with `graph_capture` injected it also runs on CPU, for tests);
+    "off" always eager. Batches above (max_graph_seqs, max_graph_tokens) run eagerly.
+
+    task: "embed" (pooled rows [num_seqs, hidden]) or "score" (one relevance
+    logit per sequence, [num_seqs, 1]; `score_activation` says how it becomes
+    the model's score). The head is chosen from config.json (models/heads.py).
+
+    At load the built-in probe batch runs through the served path (warming lazily
+    compiled kernels, e.g. FlashInfer's) and, in a half dtype, is checked against a
+    float32 copy on the same device (self_check.py); `self_check_cosine` keeps the figure.
+    """
+
+    def __init__(self, model: ModelFolder | str, device: str = "auto", dtype: str = "auto",
+                 attention_backend: str = "auto", cuda_graphs: str = "auto",
+                 max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
+                 graph_capture: Capture | None = None, task: str = "embed", self_check: bool = True):
+        folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
+        self.model_dir = folder.path
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        cfg = folder.config
+        cls = model_class(cfg)
+        self.attention_shape = AttentionShape.from_config(cfg, cls.is_causal(cfg))
+        self.backend = select_backend(attention_backend, self.device, self.dtype, self.attention_shape)
+        self.task = task
+        self.vocab_size = cfg["vocab_size"]
+        self.type_vocab_size = int(cfg.get("type_vocab_size", 1) or 1)
+        self._cfg, self._cls, self._folder = cfg, cls, folder
+        self.model, self.head = self._build_model(self.backend, self.dtype)
+        self.output_dim = self.head.output_dim
+        self.score_activation = self.head.activation
+        self.pooling = getattr(self.head, "mode", None)
+        self.max_positions = self.model.max_positions
+        self.hidden_size = cfg["hidden_size"]
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stats = GraphStats()
+        self._graph_settings = (cuda_graphs, max_graphs, graph_capture)
+        self.graphs = self._graph_runner(cuda_graphs, max_graph_tokens, max_graph_seqs, max_graphs, graph_capture)
+        self.self_check_cosine = self._self_check(torch.float32 if self_check else self.dtype)
+
+    def set_graph_grid(self, max_tokens: int, max_seqs: int) -> None:
+        """Resize the graph grid (before serving: graphs captured so far are dropped)."""
+        if self.graphs is not None:
+            mode, max_graphs, capture = self._graph_settings
+            self.graphs = self._graph_runner(mode, max_tokens, max_seqs, max_graphs, capture)
+
+    def _build_model(self, backend, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(layers, head) from the folder's weights, on the device in `dtype`."""
+        weight_files = self._folder.weight_files
+        with torch.device("meta"):
+            model = self._cls(self._cfg, backend)
+            head = build_head(self.task, self._folder)
+        model, head = model.to_empty(device="cpu"), head.to_empty(device="cpu")
+        load_weights(model, weight_files)
+        head.load(weight_files)
+        model = model.to(device=self.device, dtype=dtype).eval()
+        head = head.to(device=self.device, dtype=dtype).eval()
+        if hasattr(model, "init_buffers"):
+            model.init_buffers()  # non-checkpoint buffers (RoPE table), in fp32 on the device
+        return model, head
+
+    @torch.inference_mode()
+    def _self_check(self, reference_dtype: torch.dtype) -> float:
+        """Probe batch through the served path (warm-up); then, when the served dtype differs from
+        `reference_dtype`, the probes' mean-pooled final hidden states vs a `reference_dtype` copy
+        (the layers are what the dtype changes; a score head's single logit is no vector to compare)."""
+        batch = probes.probe_batch(self.vocab_size, self.max_positions)
+        self.forward_eager(batch).cpu()
+        if self.dtype == reference_dtype:
+            return 1.0
+        served = self._probe_rows(self.model, self.backend, batch)
+        backend = select_backend("sdpa", self.device, reference_dtype, self.attention_shape)
+        model, _ = self._build_model(backend, reference_dtype)
+        reference = self._probe_rows(model, backend, batch)
+        del model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return probes.check(served, reference, str(self.dtype).removeprefix("torch."), self.device.type)
+
+    def _probe_rows(self, model, backend, batch: PackedBatch) -> np.ndarray:
+        plan = backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
+        token_data = torch.from_numpy(np.stack([batch.input_ids, batch.positions, batch.seq_ids])).to(self.device)
+        token_types = torch.zeros_like(token_data[0]) if self.type_vocab_size > 1 else None
+        hidden = model(token_data[0], token_data[1], plan, token_types)
+        rows = pool(hidden, torch.from_numpy(batch.cu_seqlens).to(self.device), token_data[2], "mean")
+        return rows.float().cpu().numpy()
+
+    def _graph_runner(self, mode: str, max_tokens: int, max_seqs: int, max_graphs: int | None,
+                      capture: Capture | None) -> GraphRunner | None:
+        if mode not in GRAPH_MODES:
+            raise ValueError(f"cuda_graphs must be one of {GRAPH_MODES}, got {mode!r}")
+        possible = self.backend.supports_graphs and (self.device.type == "cuda" or capture is not None)
+        if mode == "off" or (mode == "auto" and not possible):
+            return None
+        if not possible:
+            raise ValueError(f"cuda_graphs=on needs CUDA and a capturable attention backend (masked, varlen, "
+                             f"flashinfer); have {self.device.type} and {self.backend.name!r}")
+        capture = capture or CudaGraphCapture(self.device)
+        seqlen_cap = self.max_positions if self.backend.graph_keys_max_seqlen else None
+        buckets = GraphBuckets(max_tokens, max_seqs, max_seqlen_cap=seqlen_cap)
+        return GraphRunner(self._forward_static, self.backend, buckets, self.device, capture, self.stats, max_graphs)
+
+    def _forward(self, input_ids, positions, seq_ids, token_types, cu_seqlens, plan) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, plan, token_types)  # [num_tokens, hidden]
+        return self.head(hidden, cu_seqlens, seq_ids).float()  # [num_seqs, output_dim]
+
+    def _forward_static(self, token_data: torch.Tensor, cu_seqlens: torch.Tensor, plan) -> torch.Tensor:
+        token_types = token_data[3] if self.type_vocab_size > 1 else None
+        return self._forward(token_data[0], token_data[1], token_data[2], token_types, cu_seqlens, plan)
+
+    def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
+        to_device = lambda a: host_tensor(a, self.device).to(self.device, non_blocking=True)
+        token_types = batch.token_types if batch.token_types is not None else np.zeros_like(batch.input_ids)
+        token_data = to_device(np.stack([batch.input_ids, batch.positions, batch.seq_ids, token_types]))  # [4, num_tokens]
+        plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
+        return self._forward_static(token_data, to_device(batch.cu_seqlens), plan)
+
+    @torch.inference_mode()
+    def step(self, batch: PackedBatch) -> LazyTensor:
+        """Launch the forward pass; returns fp32 [num_seqs, output_dim] (pooled, not normalised; or logits)."""
+        pooled = self.graphs.run(batch) if self.graphs is not None else None
+        if pooled is None:
+            self.stats.eager_runs += 1
+            pooled = self.forward_eager(batch)
+        if self.device.type == "cuda":
+            return CudaLazyTensor(pooled, self._copy_stream)
+        return ResolvedTensor(pooled.numpy())

@@ -1,0 +1,1 @@
+"""The service: request pool -> FCFS token-budget batches -> runner steps -> answers (the seed's Tulip)."""

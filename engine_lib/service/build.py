@@ -1,0 +1,45 @@
+"""Construction: an Endpoint (engine + service) from an EncoderConfig."""
+from __future__ import annotations
+
+import logging
+
+from engine_lib.config import AUTO, EncoderConfig
+from engine_lib.runner.step_threads import StepThreads, flops_per_token
+from engine_lib.service.batching import BatchingService
+from engine_lib.service.endpoint import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+def build_endpoint(config: EncoderConfig, **engine_options) -> Endpoint:
+    """`engine_options` go to ModelRunner as they are (tests and the GPU check inject a graph capture)."""
+    import torch
+
+    from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens
+    from engine_lib.runner.model_runner import ModelRunner
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    engine = ModelRunner(config.model_dir, device=config.device, dtype=config.dtype,
+                    attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
+                    task=config.task, self_check=config.self_check, **engine_options)
+    # The graph grid covers every batch the scheduler can form: up to the token budget (the
+    # largest auto may pick), or one sequence of the model's maximum length, which leaves alone.
+    budget_bound = config.max_batch_tokens if config.max_batch_tokens != AUTO else LADDER_MAX
+    engine.set_graph_grid(
+        max(budget_bound, engine.max_positions) if config.max_graph_tokens == AUTO else config.max_graph_tokens,
+        config.max_batch_sequences if config.max_graph_seqs == AUTO else config.max_graph_seqs)
+    max_batch_tokens = config.max_batch_tokens
+    if max_batch_tokens == AUTO:
+        max_batch_tokens = auto_batch_tokens(engine)
+    if engine.graphs is not None and not engine.graphs.buckets.covers(
+            max(max_batch_tokens, engine.max_positions), config.max_batch_sequences):
+        log.warning("the CUDA graph grid (max_graph_tokens=%d, max_graph_seqs=%d) does not cover every batch "
+                    "(max_batch_tokens=%d, max_batch_sequences=%d): larger batches run eagerly",
+                    engine.graphs.buckets.max_tokens, engine.graphs.buckets.max_seqs, max_batch_tokens,
+                    config.max_batch_sequences)
+    if engine.device.type == "cpu" and not config.num_threads:  # auto: threads by each step's work
+        engine = StepThreads(engine, torch.get_num_threads(), flops_per_token(engine.model), torch.set_num_threads)
+    return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
+                                  config.max_inflight_batches, config.max_queued_tokens,
+                                  config.max_queued_requests))

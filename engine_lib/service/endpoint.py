@@ -1,0 +1,112 @@
+"""Endpoint requests: validation in, post-processing out, around an BatchingService.
+
+A request is flat INPUT_IDS + SEQ_LENS (as the tokenizer models emit them),
+optionally flat TOKEN_TYPE_IDS (segment ids of BERT pairs), and its options
+(RequestOptions for embeddings, RerankOptions for scores). `Endpoint.submit`
+checks them against the engine's limits (InputError names the field), hands
+the sequences to the service, and turns the service's raw rows into the
+answer (engine_lib/service/outputs.py: embedding rows or scores).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from engine_lib.errors import InputError
+from engine_lib.service.batching import BatchingService, DoneCallback
+from engine_lib.service.outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
+
+
+@dataclass(frozen=True)
+class EndpointLimits:
+    max_positions: int
+    vocab_size: int
+    output_dim: int
+    max_request_tokens: int  # a request larger than the whole queue can never be admitted
+    type_vocab_size: int = 1
+
+    @classmethod
+    def of(cls, service: BatchingService) -> "EndpointLimits":
+        engine = service.engine
+        return cls(engine.max_positions, engine.vocab_size, engine.output_dim, service.max_queued_tokens,
+                   engine.type_vocab_size)
+
+
+def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: EndpointLimits) -> list[np.ndarray]:
+    """Flat ids + lengths -> one int64 array per sequence, or InputError naming the problem."""
+    if input_ids.ndim != 1 or seq_lens.ndim != 1:
+        raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and {list(seq_lens.shape)}")
+    if seq_lens.size == 0:
+        raise InputError("SEQ_LENS is empty: send at least one sequence")
+    lens = seq_lens.tolist()  # a few sequences per request: Python ints beat numpy calls
+    shortest, longest, total = min(lens), max(lens), sum(lens)
+    if shortest < 1:
+        raise InputError(f"SEQ_LENS[{lens.index(shortest)}] is {shortest}; every sequence needs >= 1 token")
+    if total != input_ids.size:
+        raise InputError(f"SEQ_LENS sums to {total} but INPUT_IDS has {input_ids.size} tokens")
+    if longest > limits.max_positions:
+        raise InputError(f"SEQ_LENS[{lens.index(longest)}] is {longest} tokens; the model takes at most {limits.max_positions}")
+    if input_ids.size > limits.max_request_tokens:
+        raise InputError(f"request has {input_ids.size} tokens, more than the encoder queue holds "
+                         f"(max_queued_tokens={limits.max_request_tokens}); split it")
+    if input_ids.min() < 0 or input_ids.max() >= limits.vocab_size:
+        raise InputError(f"INPUT_IDS holds ids outside [0, {limits.vocab_size})")
+    return _split(input_ids.astype(np.int64, copy=False), seq_lens)
+
+
+def _split(flat: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+    if seq_lens.size == 1:
+        return [flat]
+    return np.split(flat, np.cumsum(seq_lens[:-1]))
+
+
+def split_token_types(token_types: Optional[np.ndarray], seq_lens: np.ndarray,
+                      limits: EndpointLimits) -> Optional[list[np.ndarray]]:
+    """Flat segment ids (one per token) -> per sequence; None or empty: the model's single segment."""
+    if token_types is None or token_types.size == 0:
+        return None
+    num_tokens = int(seq_lens.sum())
+    if token_types.ndim != 1 or token_types.size != num_tokens:
+        raise InputError(f"TOKEN_TYPE_IDS has shape {list(token_types.shape)}; send one id per token "
+                         f"({num_tokens}) or none")
+    if token_types.min() < 0 or token_types.max() >= limits.type_vocab_size:
+        raise InputError(f"TOKEN_TYPE_IDS holds ids outside [0, {limits.type_vocab_size})")
+    return _split(token_types.astype(np.int64, copy=False), seq_lens)
+
+
+class Endpoint:
+    """What the encoder model's adapter calls: validated requests in, finished answers out."""
+
+    def __init__(self, service: BatchingService, output=None):
+        self.service = service
+        self.limits = EndpointLimits.of(service)
+        self.output = output or output_for(service.engine)  # EmbeddingOutput or ScoreOutput
+
+    def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options, on_done: DoneCallback,
+               is_cancelled: Optional[Callable[[], bool]] = None,
+               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None) -> int:
+        """Queue one request; raises InputError/OverloadError before queuing anything.
+        `received_at`: time.perf_counter() when the adapter got it (hop timing)."""
+        try:
+            sequences = split_sequences(input_ids, seq_lens, self.limits)
+            types = split_token_types(token_types, seq_lens, self.limits)
+            self.output.check(options)
+        except InputError:
+            self.service.metrics.count("rose_requests_total", outcome="invalid")
+            raise
+
+        def finish(rows, error):
+            on_done(None if rows is None else self.output.finish(rows, options), error)
+
+        return self.service.submit(sequences, finish, is_cancelled, types, received_at)
+
+    def gauges(self) -> dict[str, float]:
+        """Queue depth, the load-time self-check figure and the batch token budget (for the metrics thread)."""
+        return {**self.service.queue_depth(),
+                "rose_self_check_cosine": getattr(self.service.engine, "self_check_cosine", 1.0),
+                "rose_batch_token_budget": self.service.max_batch_tokens}
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.service.close(timeout)

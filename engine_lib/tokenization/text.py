@@ -1,0 +1,105 @@
+"""Texts -> flat token ids for the encoder: templates, truncation or refusal, EOS, vocab check."""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from engine_lib.config import TokenizerConfig
+from engine_lib.errors import InputError
+from engine_lib.model_folder import ModelFolder
+from engine_lib.options import RequestOptions
+from engine_lib.tokenization.long_text import cut_long_text
+from engine_lib.tokenization.text_input import decode_texts
+
+log = logging.getLogger(__name__)
+
+QWEN3_DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def instruction_prefix(task: str) -> str:
+    r"""Qwen3-Embedding's query template is `Instruct: {task}\nQuery:{text}`; this is the part before text."""
+    return f"Instruct: {task}\nQuery:"
+
+
+FAMILY_QUERY_PREFIX = {"qwen3": instruction_prefix(QWEN3_DEFAULT_TASK)}
+
+
+def template_prefixes(folder: ModelFolder, config: TokenizerConfig) -> dict[str, str]:
+    """Prefix per input_type: the config parameter, else the folder's sentence-transformers
+    prompts, else the family default (Qwen3: the instruction template for queries)."""
+    prompts = folder.st_prompts
+    return {"query": config.query_prefix or prompts.get("query") or FAMILY_QUERY_PREFIX.get(folder.model_type, ""),
+            "document": config.document_prefix or prompts.get("document") or ""}
+
+
+def load_tokenizer(folder: ModelFolder) -> Tokenizer:
+    """The folder's tokenizer with padding and truncation off; refuses one that does not fit the model."""
+    tokenizer = Tokenizer.from_file(folder.tokenizer_path)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    vocab_size = folder.config.get("vocab_size")
+    num_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    if isinstance(vocab_size, int) and num_tokens > vocab_size:
+        raise ValueError(f"{folder.tokenizer_path}: the tokenizer has {num_tokens} tokens but "
+                         f"{folder.file('config.json')} declares vocab_size {vocab_size}; "
+                         f"this tokenizer does not belong to this model")
+    return tokenizer
+
+
+def eos_id(folder: ModelFolder, tokenizer: Tokenizer) -> int | None:
+    """EOS id from tokenizer_config.json's eos_token, else config.json's eos_token_id."""
+    if folder.eos_token is not None and tokenizer.token_to_id(folder.eos_token) is not None:
+        return tokenizer.token_to_id(folder.eos_token)
+    return folder.eos_token_id
+
+
+class TextTokenizer:
+    def __init__(self, model: ModelFolder | str, config: TokenizerConfig, max_length: int | None = None):
+        folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
+        self.config = config
+        self.max_length = max_length or config.max_length or folder.max_length
+        self._full = load_tokenizer(folder)
+        self.prefixes = template_prefixes(folder, config)
+        self.append_eos_id = self._eos_to_append(folder) if folder.pooling == "lasttoken" else None
+        self._truncating = Tokenizer.from_file(folder.tokenizer_path)
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(self.max_length - (self.append_eos_id is not None))
+
+    def _eos_to_append(self, folder: ModelFolder) -> int | None:
+        """Last-token pooling reads the EOS token: append it unless the tokenizer already does."""
+        eos = eos_id(folder, self._full)
+        if eos is None:
+            log.warning("%s: last-token pooling but no EOS token is known; pooling the last text token", folder.path)
+            return None
+        if self._full.encode("a").ids[-1:] == [eos]:
+            return None
+        return eos
+
+    def decode_texts(self, raw: np.ndarray) -> list[str]:
+        return decode_texts(raw, self.config)
+
+    def template(self, text: str, input_type: str) -> str:
+        return self.prefixes["query" if input_type == "query" else "document"] + text
+
+    def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
+        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts])."""
+        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length)
+                     for t in texts]
+        extra = self.append_eos_id is not None
+        encodings = [e.ids for e in self._full.encode_batch(templated)]
+        too_long = [i for i, ids in enumerate(encodings) if len(ids) + extra > self.max_length]
+        if too_long and not options.truncate:
+            i = too_long[0]
+            raise InputError(f"TEXT[{i}] has {len(encodings[i]) + extra} tokens, more than the model's maximum "
+                             f"of {self.max_length}, and truncate=false")
+        if too_long:
+            for i, enc in zip(too_long, self._truncating.encode_batch([templated[i] for i in too_long])):
+                encodings[i] = enc.ids
+        if extra:
+            encodings = [ids + [self.append_eos_id] for ids in encodings]
+        seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
+        input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
+        return input_ids, seq_lens

@@ -1,0 +1,88 @@
+"""The container's start path, run here: scripts/serve.sh with ROSE_SKIP_SETUP=1
+(tritonserver found on PATH, as in the image), the image's environment, the
+ConfigMap's settings and the tritonserver flags of the image's CMD."""
+import json
+import os
+import queue
+import re
+import signal
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+
+from rose_triton.server import REPO, TritonServer
+from testing.dockerfile import image_env, instructions
+from testing.embed_clients import embed_stream
+from testing.reliability_helpers import metric_value
+
+TRITON_HOME = REPO / "build" / "pytriton" / "tritonserver"
+
+
+@pytest.fixture(scope="module")
+def container_mode_server(tmp_path_factory):
+    if not (TRITON_HOME / "bin" / "tritonserver").exists():
+        pytest.fail("no local Triton: run scripts/setup.sh first")
+    (configmap,) = yaml.safe_load_all((REPO / "docker" / "k8s" / "configmap.yaml").read_text())
+    env = {**{k: v for k, v in image_env().items() if "$" not in v}, **configmap["data"],
+           # what the image provides natively: tritonserver on PATH, its backends, libpython
+           "PATH": f"{TRITON_HOME / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
+           "TRITON_BACKEND_DIR": str(TRITON_HOME / "backends"),
+           "LD_LIBRARY_PATH": sysconfig.get_config_var("LIBDIR"),
+           "ROSE_VENV": "/nonexistent"}  # were setup.sh to run, it would fail on this
+    command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
+    tritonserver_flags = command[command.index("--") + 1:]
+    server = TritonServer(tmp_path_factory.mktemp("container") / "server.log", env=env,
+                          extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
+    yield server
+    server.stop()
+
+
+def test_container_start_path_serves(container_mode_server, reference_model):
+    texts = ["container mode", "ConfigMap settings reach the engine"]
+    rows = embed_stream(container_mode_server.grpc_url, texts)
+    reference = reference_model.encode(texts, normalize_embeddings=True)
+    np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+
+
+def test_container_start_path_runs_the_gateway(container_mode_server, reference_model):
+    texts = ["the gateway in the image"]
+    body = json.dumps({"model": "all-MiniLM-L6-v2", "input": texts, "encoding_format": "float"}).encode()
+    request = urllib.request.Request(f"{container_mode_server.gateway_url}/v1/embeddings", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        rows = np.array([d["embedding"] for d in json.load(response)["data"]])
+    reference = reference_model.encode(texts, normalize_embeddings=True)
+    np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+
+
+def test_sigterm_finishes_the_request_in_flight(container_mode_server):
+    """Kubernetes sends SIGTERM to the container's main process (serve.sh, which
+    passes it on to tritonserver); what is in flight must still be answered.
+    The request is seconds of work on this CPU and the signal waits until the
+    encoder reports it queued, so it is in flight whatever the machine's pace."""
+    texts = [f"request {i} in flight while the pod is told to stop " * 10 for i in range(400)]
+    client = grpcclient.InferenceServerClient(container_mode_server.grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+    client.async_stream_infer("ensemble", [text])
+    deadline = time.monotonic() + 60
+    while metric_value(container_mode_server.metrics_url, "rose_queue_requests") < 1:
+        assert responses.empty(), "answered before the encoder's queue gauge showed it: make the request bigger"
+        assert time.monotonic() < deadline, "the encoder never reported the request queued"
+        time.sleep(0.02)
+    os.kill(container_mode_server.process.pid, signal.SIGTERM)
+    result, error = responses.get(timeout=120)
+    client.stop_stream()  # an open stream would hold the ensemble until --exit-timeout-secs
+    client.close()
+    assert error is None and result.as_numpy("EMBEDDINGS").shape == (len(texts), 384)
+    assert container_mode_server.process.wait(60) == 0
+    assert re.search(r"'ensemble' \(version 1\) has [1-9]\d* in-flight", container_mode_server.log_tail(200_000))

@@ -1,0 +1,110 @@
+"""rose_client and the bulk tool against two real tritonservers on loopback.
+
+Replica A is the session's server, replica B starts here. The last test kills B.
+"""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from rose_client import EmbeddingClient
+from rose_triton.server import REPO
+from testing.embed_clients import embed_stream
+
+WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
+         "latency throughput encoder pooling Ünïcödé 你好").split()
+
+
+def make_texts(num_texts, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40))) for _ in range(num_texts)]
+
+
+TEXTS = make_texts(400)
+SMALL_CHUNKS = dict(max_chunk_tokens=512, max_chunk_texts=32)
+
+
+@pytest.fixture(scope="module")
+def single_server_rows(replicas):
+    return EmbeddingClient([replicas[0].grpc_url], **SMALL_CHUNKS).embed(TEXTS)
+
+
+def test_two_replicas_equal_one_row_for_row(replicas, single_server_rows):
+    client = EmbeddingClient([r.grpc_url for r in replicas], **SMALL_CHUNKS)
+    progress = []
+    rows = client.embed(TEXTS, on_progress=lambda done, total: progress.append((done, total)))
+    np.testing.assert_allclose(rows, single_server_rows, rtol=0, atol=1e-6)
+    assert rows.shape == (len(TEXTS), 384)
+    assert all(r.completed_chunks > 0 for r in client.last_dispatcher.replicas)
+    assert progress[-1] == (len(TEXTS), len(TEXTS)) and len(progress) == len(client.plan(TEXTS))
+
+
+def test_request_parameters_pass_through(replicas):
+    texts, params = TEXTS[:20], {"normalize": False, "dimensions": 64, "input_type": "query"}
+    rows = EmbeddingClient([r.grpc_url for r in replicas], max_chunk_texts=6).embed(texts, params)
+    assert rows.shape == (20, 64)
+    assert not np.allclose(np.linalg.norm(rows, axis=1), 1)
+    np.testing.assert_allclose(rows, embed_stream(replicas[0].grpc_url, texts, params), rtol=0, atol=1e-6)
+
+
+def bulk_command(input_path, output_path, replicas):
+    urls = [arg for r in replicas for arg in ("--url", r.grpc_url)]
+    return [sys.executable, "-m", "rose_client.bulk", str(input_path), str(output_path), *urls,
+            "--max-chunk-tokens", "512", "--max-inflight", "2", "--no-progress"]
+
+
+def test_bulk_interrupted_and_resumed_writes_the_same_rows(replicas, single_server_rows, tmp_path):
+    input_path, output_path = tmp_path / "docs.txt", tmp_path / "vectors.npy"
+    input_path.write_text("".join(t + "\n" for t in TEXTS))
+    journal = tmp_path / "vectors.npy.journal"
+    command = bulk_command(input_path, output_path, replicas)
+    first = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (journal.exists() and journal.read_text().count("\n") > 8) and time.monotonic() < deadline:
+        assert first.poll() is None, first.stderr.read().decode()
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    done_before = journal.read_text().count("\n") - 1  # minus the header line
+    assert not output_path.exists()
+
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    resumed = int(second.stderr.split("resuming: ")[1].split(" of ")[0])
+    total = int(second.stderr.split(" of ")[1].split(" chunks")[0])
+    assert done_before <= resumed < total
+    np.testing.assert_allclose(np.load(output_path), single_server_rows, rtol=0, atol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["docs.txt", "vectors.npy"]
+
+
+def test_killing_a_replica_mid_job_loses_and_duplicates_nothing(replicas, single_server_rows):
+    """Runs last in this module: it kills replica B."""
+    a, b = replicas
+    client = EmbeddingClient([a.grpc_url, b.grpc_url], **SMALL_CHUNKS)
+    chunks = client.plan(TEXTS)
+    deliveries = {}
+    rows = np.zeros_like(single_server_rows)
+    killed_at = []
+
+    def keep(chunk, chunk_rows):
+        deliveries[chunk.index] = deliveries.get(chunk.index, 0) + 1
+        rows[chunk.start:chunk.stop] = chunk_rows
+
+    def kill_b_early(done, total):
+        if not killed_at and done >= total // 4:
+            os.killpg(b.process.pid, signal.SIGKILL)
+            b.process.wait()
+            killed_at.append(done)
+
+    client.run(TEXTS, chunks, keep, on_progress=kill_b_early)
+    assert killed_at and killed_at[0] < len(TEXTS)
+    assert deliveries == {c.index: 1 for c in chunks}
+    np.testing.assert_allclose(rows, single_server_rows, rtol=0, atol=1e-6)
+    state = {r.url: r for r in client.last_dispatcher.replicas}
+    assert state[b.grpc_url].completed_chunks > 0 and state[b.grpc_url].failed_chunks > 0
+    assert sum(r.completed_chunks for r in state.values()) == len(chunks)

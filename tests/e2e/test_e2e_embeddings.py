@@ -1,0 +1,106 @@
+"""End to end on a real tritonserver: accuracy, three call paths, batching invariance, concurrency."""
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
+from testing.texts import VARIED_TEXTS
+
+WAYS = {
+    "grpc_stream_ensemble": lambda server, texts, params=None: embed_stream(server.grpc_url, texts, params),
+    "http_generate_ensemble": lambda server, texts, params=None: embed_generate(server.http_url, texts, params),
+    "grpc_unary_embed": lambda server, texts, params=None: embed_unary_grpc(server.grpc_url, texts, params),
+    "http_unary_embed": lambda server, texts, params=None: embed_unary_http(server.http_url, texts, params),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(reference_model):
+    return dict(zip(VARIED_TEXTS, reference_model.encode(VARIED_TEXTS, normalize_embeddings=True)))
+
+
+def cosines(rows, refs):
+    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return (rows * refs).sum(axis=1)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_varied_texts_match_reference(server, reference, way):
+    assert len(VARIED_TEXTS) >= 50
+    rows = WAYS[way](server, VARIED_TEXTS)
+    assert rows.shape == (len(VARIED_TEXTS), 384) and rows.dtype == np.float32
+    cos = cosines(rows, np.stack([reference[t] for t in VARIED_TEXTS]))
+    assert cos.min() >= 0.999, {VARIED_TEXTS[i][:30]: float(c) for i, c in enumerate(cos) if c < 0.999}
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
+
+
+def test_all_ways_return_the_same_numbers(server):
+    texts = VARIED_TEXTS[:12]
+    results = {way: call(server, texts) for way, call in WAYS.items()}
+    first = results.pop("grpc_stream_ensemble")
+    for way, rows in results.items():
+        np.testing.assert_allclose(rows, first, atol=1e-6, err_msg=way)
+
+
+def test_options_reach_the_encoder(server, reference):
+    texts = VARIED_TEXTS[:4]
+    raw = WAYS["grpc_unary_embed"](server, texts, {"normalize": False})
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    short = WAYS["grpc_stream_ensemble"](server, texts, {"dimensions": 64})
+    assert short.shape == (4, 64)
+    expected = raw[:, :64] / np.linalg.norm(raw[:, :64], axis=1, keepdims=True)
+    np.testing.assert_allclose(short, expected, atol=1e-5)
+
+
+def test_batched_equals_alone_under_concurrent_load(server):
+    rng = random.Random(7)
+    targets = [VARIED_TEXTS[i] for i in (0, 8, 13, 33, -1)]
+    alone = {t: embed_stream(server.grpc_url, [t])[0] for t in targets}
+    mixed = [rng.choice(VARIED_TEXTS) for _ in range(60)] + targets
+    rng.shuffle(mixed)
+
+    def noise(seed):
+        local = random.Random(seed)
+        for _ in range(3):
+            embed_stream(server.grpc_url, local.sample(VARIED_TEXTS, local.randint(1, 30)))
+
+    with ThreadPoolExecutor(4) as pool:
+        background = [pool.submit(noise, s) for s in range(4)]
+        batched = embed_stream(server.grpc_url, mixed)
+        for f in background:
+            f.result()
+    for target in targets:
+        row = batched[mixed.index(target)]
+        assert float(row @ alone[target]) >= 0.9999, target[:40]
+
+
+def test_sixteen_concurrent_clients_nothing_lost_or_crossed(server, reference):
+    pool_texts = VARIED_TEXTS
+
+    def client(seed):
+        rng = random.Random(seed)
+        call = list(WAYS.values())[seed % len(WAYS)]
+        for _ in range(3):
+            texts = [rng.choice(pool_texts) for _ in range(rng.randint(1, 64))]
+            rows = call(server, texts)
+            assert rows.shape == (len(texts), 384), (seed, rows.shape)
+            cos = cosines(rows, np.stack([reference[t] for t in texts]))
+            assert cos.min() >= 0.999, (seed, float(cos.min()))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(client, range(16)))  # each client asserts its own rows; map re-raises a failure
+
+
+@pytest.mark.parametrize("params", [{"input_type": "query", "dimensions": 96, "normalize": False},
+                                    {"input_type": "document", "truncate": True, "normalize": False}])
+def test_unary_front_equals_the_ensemble_stream_with_options(server, params):
+    """The unary front tokenizes in its own process and calls the encoder itself: the same
+    numbers as the ensemble (tokenizer model -> encoder) for the same options."""
+    texts = VARIED_TEXTS[:6] + [VARIED_TEXTS[-1] * 8]  # the last one is cut at the model's maximum
+    streamed = WAYS["grpc_stream_ensemble"](server, texts, params)
+    assert streamed.shape == (len(texts), params.get("dimensions", 384))
+    assert not np.allclose(np.linalg.norm(streamed, axis=1), 1.0)
+    for way in ("grpc_unary_embed", "http_unary_embed"):
+        np.testing.assert_allclose(WAYS[way](server, texts, params), streamed, atol=1e-6, err_msg=way)

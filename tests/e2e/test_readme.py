@@ -1,0 +1,34 @@
+"""The README's client example runs verbatim against a real server (ports substituted)."""
+import re
+
+from testing import REPO
+
+README = REPO / "README.md"
+
+
+def test_readme_client_example_runs(server, capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README has no python example"
+    code = blocks[0].replace("localhost:8000", server.http_url).replace("localhost:8001", server.grpc_url)
+    exec(compile(code, "README.md", "exec"), {})
+    assert "cosine(query, answer) =" in capsys.readouterr().out
+
+
+def _openai_section():
+    text = README.read_text()
+    return text.split("## OpenAI-compatible API", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_openai_examples_run(server, capsys):
+    """The curl and openai-client examples of the "OpenAI-compatible API" section, verbatim."""
+    import json
+    import subprocess
+
+    section = _openai_section().replace("http://127.0.0.1:8080", server.gateway_url)
+    (curl,) = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    reply = json.loads(subprocess.run(["bash", "-c", curl], capture_output=True, check=True, text=True).stdout)
+    assert len(reply["data"]) == 1 and len(reply["data"][0]["embedding"]) == 384
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "dimensions: 384" in out and "cosine(query, answer) =" in out

@@ -1,0 +1,257 @@
+"""The gateway's HTTP layer and its use of the dispatcher, with in-process fake
+replicas (real Triton and real clients: test_gateway_e2e.py). The fakes answer
+from what they receive, so these tests check what the gateway sends too."""
+import asyncio
+import base64
+
+import httpx
+import numpy as np
+import pytest
+
+import gateway.app
+from engine_lib.config import TokenizerConfig
+from engine_lib.options import RequestOptions
+from engine_lib.tokenization.text import TextTokenizer
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from rose_client.aio import AsyncDispatcher
+from rose_client.scheduling import RetryPolicy
+from rose_client.stream import ReplicaError
+
+FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
+MODEL = "all-MiniLM-L6-v2"
+
+
+class FakeReplica:
+    """Embeds a sequence as [sum of its ids, its length, 1, 0...] (D=8); scores a document by its length.
+    `error`: every call fails with it."""
+
+    def __init__(self, error=None):
+        self.error = error
+        self.calls = []
+
+    def slot(self, url):
+        replica = self
+
+        class Slot:
+            async def call(self, call):
+                replica.calls.append(call)
+                await asyncio.sleep(0)
+                if replica.error:
+                    raise ReplicaError(url, replica.error)
+                if call.model == "rerank":
+                    return np.array([len(d) for d in call.inputs["DOCUMENTS"]], dtype=np.float32)
+                ids, lens = call.inputs["INPUT_IDS"], call.inputs["SEQ_LENS"]
+                rows = np.zeros((len(lens), 8), dtype=np.float32)
+                rows[:, 0] = [part.sum() for part in np.split(ids, np.cumsum(lens)[:-1])]
+                rows[:, 1], rows[:, 2] = lens, 1
+                dims = call.parameters.get("dimensions") if call.parameters else None
+                return rows[:, :dims] if dims else rows
+
+            async def is_ready(self):
+                return True
+
+            async def close(self):
+                pass
+
+        return Slot()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_tokenizer():
+    """Load the tokenizer once for the module, not once per app."""
+    original, loaded = gateway.app.GatewayTokenizer, {}
+    gateway.app.GatewayTokenizer = lambda *args: loaded.get(args) or loaded.setdefault(args, original(*args))
+    yield
+    gateway.app.GatewayTokenizer = original
+
+
+def run(scenario, replica=None, ready=True, reranker=False, **config):
+    """Run `scenario(client)` against the app, the backend's replicas replaced by `replica`."""
+    replica = replica or FakeReplica()
+
+    async def main():
+        app = create_app(GatewayConfig(triton=("fake:1",), **config))
+        backend = app.state.gateway.backend
+        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 2, FAST)
+        await backend.dispatcher.start()
+        backend.ready, backend.rerank_ready = {"fake:1": ready}, {"fake:1": reranker}
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+                return await scenario(client)
+        finally:
+            await backend.dispatcher.close()
+
+    return asyncio.run(main()), replica
+
+
+def post(path, body, headers=None, **kwargs):
+    async def scenario(client):
+        return await client.post(path, json=body, headers=headers)
+    return run(scenario, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def text_tokenizer(model_dir):
+    return TextTokenizer(model_dir, TokenizerConfig())
+
+
+def test_rows_come_back_in_input_order_over_many_chunks(text_tokenizer):
+    texts = [f"text number {i} " + "word " * (i % 7) for i in range(60)]
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": texts}, max_chunk_tokens=40)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    ids, lens = text_tokenizer.encode(texts, RequestOptions())
+    rows = np.array([d["embedding"] for d in body["data"]])
+    assert [d["index"] for d in body["data"]] == list(range(60))
+    np.testing.assert_array_equal(rows[:, 0], [p.sum() for p in np.split(ids, np.cumsum(lens)[:-1])])
+    np.testing.assert_array_equal(rows[:, 1], lens)
+    assert body["usage"] == {"prompt_tokens": int(lens.sum()), "total_tokens": int(lens.sum())}
+    assert len(replica.calls) > 1 and all(int(c.inputs["SEQ_LENS"].sum()) <= 40 for c in replica.calls)
+    sent = np.concatenate([c.inputs["INPUT_IDS"] for c in replica.calls])
+    np.testing.assert_array_equal(sent, ids)  # the tokenizer model's ids, template and all
+
+
+def test_base64_is_little_endian_float32_of_the_float_rows():
+    texts = ["one", "two words"]
+    floats, _ = post("/v1/embeddings", {"model": MODEL, "input": texts, "dimensions": 3})
+    packed, _ = post("/v1/embeddings", {"model": MODEL, "input": texts, "dimensions": 3,
+                                         "encoding_format": "base64"})
+    decoded = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in packed.json()["data"]]
+    np.testing.assert_array_equal(decoded, [d["embedding"] for d in floats.json()["data"]])
+    assert all(len(d) == 3 for d in decoded)
+
+
+def test_token_id_inputs_go_through_unchanged_and_cut_when_truncating():
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": [[5, 6, 7], list(range(1, 300))]})
+    assert response.status_code == 200, response.text
+    (call,) = replica.calls
+    np.testing.assert_array_equal(call.inputs["SEQ_LENS"], [3, 256])
+    np.testing.assert_array_equal(call.inputs["INPUT_IDS"], [5, 6, 7, *range(1, 257)])
+    assert response.json()["usage"]["prompt_tokens"] == 259
+
+
+@pytest.mark.parametrize("body, status, param, fragment", [
+    ({"model": MODEL}, 400, "input", "'input' is required"),
+    ({"model": MODEL, "input": []}, 400, "input", "empty list"),
+    ({"model": MODEL, "input": ["ok", " "]}, 400, "input", "input[1] is empty"),
+    ({"model": MODEL, "input": ["ok", 3]}, 400, "input", "mixes item types"),
+    ({"model": MODEL, "input": [[1, 2], [3, "x"]]}, 400, "input", "input[1] must be a list of integer"),
+    ({"model": MODEL, "input": [[1, 2], [99999999]]}, 400, "input", "input[1] holds token id 99999999"),
+    ({"model": MODEL, "input": [[]]}, 400, "input", "input[0] is an empty list"),
+    ({"model": MODEL, "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "'float' or 'base64'"),
+    ({"model": MODEL, "input": "x", "dimensions": 0}, 400, "dimensions", "positive integer"),
+    ({"model": MODEL, "input": "x", "input_type": "passage"}, 400, "input_type", "'query' or 'document'"),
+    ({"model": MODEL, "input": "x", "truncate": "no"}, 400, "truncate", "true or false"),
+    ({"model": MODEL, "input": "x", "temperature": 1}, 400, "temperature", "unknown field(s) ['temperature']"),
+    ({"model": MODEL, "input": "word " * 400, "truncate": False}, 400, "input", "input[0] has"),
+    ({"input": "x"}, 400, "model", "'model' is required"),
+    ({"model": "text-embedding-3-small", "input": "x"}, 404, "model", "does not exist"),
+    ({"model": MODEL, "input": ["x"] * 4097}, 413, "input", "at most 4096"),
+])
+def test_bad_embedding_requests_get_openai_errors(body, status, param, fragment):
+    response, replica = post("/v1/embeddings", body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["param"] == param and error["type"]
+    assert not replica.calls  # refused before any replica saw it
+
+
+def test_unparsable_bodies_and_unknown_routes_get_openai_errors():
+    async def scenario(client):
+        return [await client.post("/v1/embeddings", content=b"{not json"),
+                await client.post("/v1/embeddings", content=b"[1, 2]"),
+                await client.post("/v1/embeddings", content=b'{"model": "' + b"x" * 2000 + b'"}'),
+                await client.get("/v1/embeddings"), await client.get("/v1/nothing")]
+
+    responses, _ = run(scenario, max_body_bytes=1000)
+    assert [r.status_code for r in responses] == [400, 400, 413, 405, 404]
+    assert all(r.json()["error"]["message"] for r in responses)
+    assert "not valid JSON" in responses[0].json()["error"]["message"]
+
+
+def test_api_keys_are_required_when_configured():
+    body = {"model": MODEL, "input": "x"}
+    missing, _ = post("/v1/embeddings", body, api_keys=frozenset({"s3cret-key"}))
+    wrong, _ = post("/v1/embeddings", body, api_keys=frozenset({"s3cret-key"}), headers={"Authorization": "Bearer no"})
+    right, _ = post("/v1/embeddings", body, api_keys=frozenset({"s3cret-key"}),
+                    headers={"Authorization": "Bearer s3cret-key"})
+    assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_encoder_overload_is_429_with_retry_after():
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x"},
+                             replica=FakeReplica("[StatusCode.UNAVAILABLE] overloaded: the queue holds 2048 requests"))
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert "overloaded" in response.json()["error"]["message"] and len(replica.calls) == 2  # retried once
+
+
+def test_gateway_pending_bound_is_429_before_any_replica_is_asked():
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": "many words " * 20}, max_pending_tokens=10)
+    assert response.status_code == 429 and response.headers["retry-after"] == "1" and not replica.calls
+
+
+def test_no_ready_replica_is_503_and_health_says_so():
+    async def scenario(client):
+        return await client.post("/v1/embeddings", json={"model": MODEL, "input": "x"}), await client.get("/health")
+
+    (embed, health), _ = run(scenario, ready=False)
+    assert embed.status_code == 503 and embed.headers["retry-after"] == "1"
+    assert health.status_code == 503 and health.json()["replicas_ready"] == 0
+
+
+def test_replica_failing_everywhere_is_503():
+    response, _ = post("/v1/embeddings", {"model": MODEL, "input": "x"}, replica=FakeReplica("connection refused"))
+    assert response.status_code == 503 and "connection refused" in response.json()["error"]["message"]
+
+
+def test_encoder_refusing_dimensions_is_400_naming_the_field():
+    error = "[StatusCode.INVALID_ARGUMENT] invalid input: parameter 'dimensions' is 999; the model has 384"
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", "dimensions": 999},
+                             replica=FakeReplica(error))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
+    assert len(replica.calls) == 1  # the same everywhere: not retried
+
+
+def test_rerank_sorts_by_score_with_indexes_over_document_chunks():
+    documents = ["a" * n for n in (3, 9, 1, 7, 5, 2, 8)]
+    body = {"query": "q?", "documents": documents, "top_n": 4, "raw_scores": True}
+    response, replica = post("/v1/rerank", body, reranker=True, max_rerank_chunk_documents=3)
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [r["index"] for r in results] == [1, 6, 3, 4]
+    assert [r["relevance_score"] for r in results] == [len(documents[r["index"]]) for r in results]
+    assert all(r["document"]["text"] == documents[r["index"]] for r in results)
+    assert len(replica.calls) == 3 and all(list(c.inputs["QUERY"]) == [b"q?"] for c in replica.calls)
+    assert all(c.parameters == {"raw_scores": True} for c in replica.calls)
+
+
+def test_rerank_without_documents_in_results_and_without_a_reranker():
+    body = {"query": "q", "documents": [{"text": "bb"}, "a"], "return_documents": False}
+    served, _ = post("/v1/rerank", body, reranker=True)
+    assert served.json()["results"] == [{"index": 0, "relevance_score": 2.0}, {"index": 1, "relevance_score": 1.0}]
+    absent, replica = post("/v1/rerank", body, reranker=False)
+    assert absent.status_code == 404 and "no reranker is served" in absent.json()["error"]["message"]
+    wrong, _ = post("/v1/rerank", {**body, "model": "other"}, reranker=True)
+    assert wrong.status_code == 404 and not replica.calls
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"documents": ["a"]}, "query"), ({"query": "q", "documents": []}, "documents"),
+    ({"query": "q", "documents": ["a", ""]}, "documents"), ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+    ({"query": "q", "documents": [{"txt": "a"}]}, "documents"), ({"query": "q", "documents": ["a"], "x": 1}, "x"),
+])
+def test_bad_rerank_requests_are_400(body, param):
+    response, replica = post("/v1/rerank", body, reranker=True)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param and not replica.calls
+
+
+def test_models_lists_the_served_names():
+    async def scenario(client):
+        return (await client.get("/v1/models")).json()
+
+    plain, _ = run(scenario)
+    with_reranker, _ = run(scenario, reranker=True)
+    assert [m["id"] for m in plain["data"]] == [MODEL]
+    assert [m["id"] for m in with_reranker["data"]] == [MODEL, "rerank"]

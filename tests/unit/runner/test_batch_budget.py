@@ -1,0 +1,87 @@
+"""max_batch_tokens=auto: the saturation rule on fake timing sources, and the timer on a real CPU engine."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engine_lib.config import EncoderConfig
+from engine_lib.runner.batch_budget import auto_batch_tokens, probe_batch, saturation_tokens
+from engine_lib.runner.model_runner import ModelRunner
+from testing.tiny_models import qwen3_config, save_random_model
+
+
+def roofline(fixed_s: float, per_token_s: float):
+    """A device that costs `fixed_s` per step until it saturates, then `per_token_s` per token."""
+    return lambda n: max(fixed_s, n * per_token_s)
+
+
+@pytest.mark.parametrize("fixed, per_token, expected", [
+    (1e-3, 1e-3 / 512, 512),    # saturates at 512 tokens (the seed's sub-1B model on a GPU)
+    (1e-3, 1e-3 / 2048, 2048),
+    (1e-3, 1e-3 / 64, 64),      # a CPU: every token costs from the start
+])
+def test_budget_is_where_step_time_starts_growing_with_tokens(fixed, per_token, expected):
+    budget, timings = saturation_tokens(roofline(fixed, per_token))
+    assert budget == expected
+    assert max(timings) == 2 * expected  # stops measuring right after the crossover
+
+
+def test_never_saturating_device_uses_the_largest_size():
+    budget, timings = saturation_tokens(lambda n: 1e-3, largest=4096)
+    assert budget == 4096 and sorted(timings) == [64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def test_slack_tolerates_noise_below_saturation():
+    noisy = {64: 1.0, 128: 1.3, 256: 1.7, 512: 3.3, 1024: 6.6}  # 256 -> 512 nearly doubles: saturated
+    assert saturation_tokens(noisy.__getitem__, largest=1024)[0] == 256
+    assert saturation_tokens(noisy.__getitem__, largest=1024, slack=0.0)[0] == 512  # without slack: 3.3 < 2 x 1.7
+
+
+def test_timer_uses_the_engine_and_the_injected_clock(tmp_path):
+    from transformers import Qwen3Model
+
+    save_random_model(Qwen3Model, qwen3_config(), tmp_path, seed=51)
+    engine = ModelRunner(str(tmp_path), device="cpu")
+    ticks = itertools.count()
+    # Fake clock: each step "takes" one tick, so every size costs the same -> never saturates.
+    budget = auto_batch_tokens(engine, largest=256, runs=2, clock=lambda: float(next(ticks)))
+    assert budget == 256
+    assert probe_batch(600, 256, 128).seq_lens.tolist() == [256, 256, 88]
+
+
+def test_config_takes_auto():
+    from engine_lib.config import AUTO
+
+    assert EncoderConfig.from_parameters({"max_batch_tokens": "auto"}).max_batch_tokens == AUTO
+    assert EncoderConfig.from_parameters({}).max_graph_tokens == AUTO  # graphs cover the batches by default
+    with pytest.raises(ValueError, match="max_batch_tokens must be >= 1"):
+        EncoderConfig.from_parameters({"max_batch_tokens": "0"})
+    with pytest.raises(ValueError, match="max_batch_sequences"):
+        EncoderConfig.from_parameters({"max_batch_sequences": "auto"})
+
+
+def rerun_capture(fn):
+    output = fn()
+    return (lambda: output.copy_(fn())), output
+
+
+def test_built_encoder_measures_the_budget_and_its_graph_grid_covers_every_batch(tmp_path):
+    from transformers import Qwen3Model
+
+    from engine_lib.service.build import build_endpoint
+
+    save_random_model(Qwen3Model, qwen3_config(), tmp_path, seed=52)
+    config = EncoderConfig.from_parameters({"model_dir": str(tmp_path), "device": "cpu", "max_batch_tokens": "auto",
+                                            "max_batch_sequences": "32", "attention_backend": "masked",
+                                            "cuda_graphs": "on"})
+    encoder = build_endpoint(config, graph_capture=rerun_capture)
+    try:
+        service, engine = encoder.service, encoder.service.engine
+        assert 64 <= service.max_batch_tokens <= 8192 and service.max_batch_tokens & (service.max_batch_tokens - 1) == 0
+        assert engine.graphs.buckets.covers(max(service.max_batch_tokens, engine.max_positions), 32)
+        gauges = encoder.gauges()
+        assert gauges["rose_batch_token_budget"] == service.max_batch_tokens
+        assert gauges["rose_self_check_cosine"] == engine.self_check_cosine == 1.0  # float32: nothing to compare
+    finally:
+        encoder.close(5)

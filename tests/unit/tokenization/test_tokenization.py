@@ -1,0 +1,74 @@
+"""TextTokenizer: decoding checks, templates, truncation or refusal, no padding."""
+import numpy as np
+import pytest
+
+from engine_lib.config import TokenizerConfig
+from engine_lib.errors import InputError
+from engine_lib.options import RequestOptions
+from engine_lib.tokenization.text import TextTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return TextTokenizer(model_dir, TokenizerConfig(query_prefix="query: ", document_prefix="passage: ",
+                                                    max_texts_per_request=8, max_text_bytes=2000))
+
+
+def as_bytes(*items):
+    return np.array(list(items), dtype=object)
+
+
+def test_max_length_from_sentence_transformers_config(tokenizer):
+    assert tokenizer.max_length == 256
+
+
+def test_no_padding_flat_output(tokenizer):
+    ids, lens = tokenizer.encode(["hi", "a longer sentence here"], RequestOptions())
+    assert ids.dtype == np.int64 and lens.tolist()[0] < lens.tolist()[1]
+    assert ids.size == lens.sum() and 0 not in ids  # 0 is [PAD]
+
+
+def test_templates_by_input_type(tokenizer):
+    query_ids, _ = tokenizer.encode(["cats"], RequestOptions(input_type="query"))
+    doc_ids, _ = tokenizer.encode(["cats"], RequestOptions(input_type="document"))
+    plain = tokenizer._full.encode("query: cats").ids
+    assert query_ids.tolist() == plain and doc_ids.tolist() != plain
+
+
+def test_truncation_and_refusal(tokenizer):
+    long_text = "word " * 600
+    ids, lens = tokenizer.encode([long_text, "short"], RequestOptions())
+    assert lens[0] == 256
+    with pytest.raises(InputError, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum of 256"):
+        tokenizer.encode([long_text], RequestOptions(truncate=False))
+
+
+@pytest.mark.parametrize("raw, message", [
+    (as_bytes(), "TEXT is empty"),
+    (as_bytes(b"ok", b""), r"TEXT\[1\] is empty"),
+    (as_bytes(b"ok", b"   \n"), r"TEXT\[1\] is empty or only whitespace"),
+    (as_bytes(b"\xff\xfeok"), r"TEXT\[0\] is not valid UTF-8"),
+    (as_bytes(*([b"x"] * 9)), "at most 8 per request"),
+    (as_bytes(b"y" * 2001), r"TEXT\[0\] is 2001 bytes"),
+    (np.array([[b"a"]], dtype=object), "1-D"),
+])
+def test_bad_text_input(tokenizer, raw, message):
+    with pytest.raises(InputError, match=message):
+        tokenizer.decode_texts(raw)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"bogus": 1}, "unknown request parameter"),
+    ({"input_type": "poem"}, "input_type"),
+    ({"dimensions": -3}, "dimensions"),
+    ({"dimensions": 1.5}, "dimensions"),
+    ({"normalize": "maybe"}, "normalize"),
+])
+def test_bad_options(params, message):
+    with pytest.raises(InputError, match=message):
+        RequestOptions.from_parameters(params)
+
+
+def test_options_from_triton_json():
+    options = RequestOptions.from_parameters('{"normalize": false, "dimensions": 64, "triton_x": 1}')
+    assert options == RequestOptions(normalize=False, dimensions=64)
