@@ -3,7 +3,12 @@ from __future__ import annotations
 
 
 class InputError(ValueError):
-    """A request is malformed; the message names the offending field."""
+    """A request is malformed; the message names the problem, `field` the offending input or
+    parameter (e.g. "dimensions", "TEXT", "INPUT_IDS") when there is one."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class OverloadError(RuntimeError):
