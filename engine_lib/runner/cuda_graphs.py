@@ -1,15 +1,11 @@
 """Lazily captured whole-model CUDA graphs per (sequence-count bucket, token bucket[, max_seqlen bucket]).
 
 Bookkeeping is plain Python: `GraphBuckets` maps a batch to its bucket,
-`pad_batch` pads it, `LazyGraphCache` decides eager / capture / replay (first
-hit eager, second hit capture, later hits replay). `GraphRunner` owns the
-static device buffers and calls an injected `capture(fn) -> (replay, output)`:
-`CudaGraphCapture` on a GPU, a stand-in in CPU tests.
-
-Padding invariant: a padded batch has exactly the bucket's token and sequence
-counts; extra sequences are zero-length (cu_seqlens repeats num_tokens), extra
-tokens lie past cu_seqlens[-1] with id 0, position 0, token type 0 and seq_id ==
-the bucket's sequence count (pooling's scratch row). Rows of real sequences never read them.
+`LazyGraphCache` decides eager / capture / replay (first hit eager, second hit
+capture, later hits replay). `GraphRunner` owns the static device buffers,
+pads each batch into them (runner/inputs.py: a padded batch has exactly the
+bucket's token and sequence counts) and calls an injected
+`capture(fn) -> (replay, output)`: `CudaGraphCapture` on a GPU, a stand-in in CPU tests.
 
 Backends whose kernel launch is sized by max_seqlen (varlen) key graphs by a
 max_seqlen bucket too (powers of two from 64, capped by the model's maximum
@@ -21,12 +17,10 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import Callable, Hashable, NamedTuple
-
-import numpy as np
+from typing import Callable, Hashable
 
 from engine_lib.contract import PackedBatch
-from engine_lib.device.lazy_tensor import host_tensor
+from engine_lib.runner.inputs import step_inputs
 
 log = logging.getLogger(__name__)
 
@@ -86,27 +80,6 @@ class GraphBuckets:
     def covers(self, max_batch_tokens: int, max_batch_seqs: int) -> bool:
         """True when every batch of at most these sizes has a bucket."""
         return self.max_tokens >= max_batch_tokens and self.max_seqs >= max_batch_seqs
-
-
-class PaddedBatch(NamedTuple):
-    token_data: np.ndarray  # [4, num_tokens_bucket] int64: input_ids, positions, seq_ids, token_types
-    cu_seqlens: np.ndarray  # [num_seqs_bucket + 1] int32
-
-
-def pad_batch(batch: PackedBatch, key: tuple[int, ...]) -> PaddedBatch:
-    num_seqs, num_tokens = key[:2]
-    if batch.num_seqs > num_seqs or batch.num_tokens > num_tokens:
-        raise ValueError(f"batch ({batch.num_seqs} seqs, {batch.num_tokens} tokens) exceeds bucket {key}")
-    token_data = np.zeros((4, num_tokens), dtype=np.int64)
-    token_data[0, :batch.num_tokens] = batch.input_ids
-    token_data[1, :batch.num_tokens] = batch.positions
-    token_data[2, :batch.num_tokens] = batch.seq_ids
-    token_data[2, batch.num_tokens:] = num_seqs
-    if batch.token_types is not None:
-        token_data[3, :batch.num_tokens] = batch.token_types
-    cu_seqlens = np.full(num_seqs + 1, batch.num_tokens, dtype=np.int32)
-    cu_seqlens[:batch.num_seqs + 1] = batch.cu_seqlens
-    return PaddedBatch(token_data, cu_seqlens)
 
 
 @dataclass
@@ -182,20 +155,18 @@ class GraphRunner:
         key = self.buckets.key(batch.num_seqs, batch.num_tokens, batch.max_seqlen)
         if key is None or self.cache.failed(key):
             return None
-        padded = pad_batch(batch, key)
         num_seqs, num_tokens = key[:2]
-        token_data, cu_seqlens = self._token_data[:, :num_tokens], self._cu_seqlens[:num_seqs + 1]
+        static = self._token_data[:, :num_tokens], self._cu_seqlens[:num_seqs + 1]
+        inputs = step_inputs(batch, self.device, pad_to=(num_seqs, num_tokens), out=static)
         try:
             if key not in self._plans:
                 self._plans[key] = self.backend.graph_plan(num_seqs, num_tokens, self.device, key[-1])
             plan = self._plans[key]
-            self.backend.update_graph_plan(plan, padded.cu_seqlens)
+            self.backend.update_graph_plan(plan, inputs.host.cu_seqlens)
         except Exception:  # a plan is host work: nothing was recorded, the eager path is clean
             self._give_up(key, "planning")
             return None
-        token_data.copy_(host_tensor(padded.token_data, self.device), non_blocking=True)
-        cu_seqlens.copy_(host_tensor(padded.cu_seqlens, self.device), non_blocking=True)
-        step = lambda: self.forward(token_data, cu_seqlens, plan)
+        step = lambda: self.forward(inputs.token_data, inputs.cu_seqlens, plan)
         action = self.cache.action(key)
         if action == CAPTURE:
             output = self._capture(key, step)

@@ -7,7 +7,7 @@ import torch
 from engine_lib.attention import AttentionShape, select_backend
 from engine_lib.contract import LazyTensor, PackedBatch
 from engine_lib.device.cuda_env import check_cuda_fits
-from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor, host_tensor
+from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor
 from engine_lib.model_folder import ModelFolder
 from engine_lib.models import model_class
 from engine_lib.models.heads import build_head
@@ -15,6 +15,7 @@ from engine_lib.models.loader import load_weights
 from engine_lib.models.pooling import pool
 from engine_lib.runner import self_check as probes
 from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
+from engine_lib.runner.inputs import INPUT_IDS, POSITIONS, SEQ_IDS, TOKEN_TYPES, step_inputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_MODES = ("auto", "on", "off")
@@ -120,11 +121,10 @@ class ModelRunner:
         return probes.check(served, reference, str(self.dtype).removeprefix("torch."), self.device.type)
 
     def _probe_rows(self, model, backend, batch: PackedBatch) -> np.ndarray:
+        inputs = step_inputs(batch, self.device)
         plan = backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
-        token_data = torch.from_numpy(np.stack([batch.input_ids, batch.positions, batch.seq_ids])).to(self.device)
-        token_types = torch.zeros_like(token_data[0]) if self.type_vocab_size > 1 else None
-        hidden = model(token_data[0], token_data[1], plan, token_types)
-        rows = pool(hidden, torch.from_numpy(batch.cu_seqlens).to(self.device), token_data[2], "mean")
+        hidden = self._hidden(model, inputs.token_data, plan)
+        rows = pool(hidden, inputs.cu_seqlens, inputs.token_data[SEQ_IDS], "mean")
         return rows.float().cpu().numpy()
 
     def _graph_runner(self, mode: str, max_tokens: int, max_seqs: int, max_graphs: int | None,
@@ -142,20 +142,19 @@ class ModelRunner:
         buckets = GraphBuckets(max_tokens, max_seqs, max_seqlen_cap=seqlen_cap)
         return GraphRunner(self._forward_static, self.backend, buckets, self.device, capture, self.stats, max_graphs)
 
-    def _forward(self, input_ids, positions, seq_ids, token_types, cu_seqlens, plan) -> torch.Tensor:
-        hidden = self.model(input_ids, positions, plan, token_types)  # [num_tokens, hidden]
-        return self.head(hidden, cu_seqlens, seq_ids).float()  # [num_seqs, output_dim]
+    def _hidden(self, model, token_data: torch.Tensor, plan) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden] over runner/inputs.py's [4, num_tokens] token buffer."""
+        token_types = token_data[TOKEN_TYPES] if self.type_vocab_size > 1 else None
+        return model(token_data[INPUT_IDS], token_data[POSITIONS], plan, token_types)
 
     def _forward_static(self, token_data: torch.Tensor, cu_seqlens: torch.Tensor, plan) -> torch.Tensor:
-        token_types = token_data[3] if self.type_vocab_size > 1 else None
-        return self._forward(token_data[0], token_data[1], token_data[2], token_types, cu_seqlens, plan)
+        hidden = self._hidden(self.model, token_data, plan)
+        return self.head(hidden, cu_seqlens, token_data[SEQ_IDS]).float()  # [num_seqs, output_dim]
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
-        to_device = lambda a: host_tensor(a, self.device).to(self.device, non_blocking=True)
-        token_types = batch.token_types if batch.token_types is not None else np.zeros_like(batch.input_ids)
-        token_data = to_device(np.stack([batch.input_ids, batch.positions, batch.seq_ids, token_types]))  # [4, num_tokens]
+        inputs = step_inputs(batch, self.device)
         plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
-        return self._forward_static(token_data, to_device(batch.cu_seqlens), plan)
+        return self._forward_static(inputs.token_data, inputs.cu_seqlens, plan)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:

@@ -11,7 +11,7 @@ from engine_lib.attention import AttentionShape, auto_backend_name, select_backe
 from engine_lib.attention.masked import MaskedSdpaBackend
 from engine_lib.attention.sdpa import SdpaBackend
 from engine_lib.contract import PackedBatch
-from engine_lib.runner.cuda_graphs import pad_batch
+from engine_lib.runner.inputs import host_inputs
 
 
 def ragged_qkv(lengths, num_heads=4, num_kv_heads=2, head_dim=16, device="cpu", dtype=torch.float32, seed=0):
@@ -54,7 +54,7 @@ def test_masked_graph_plan_with_dummy_sequences(causal):
     lengths = [3, 11, 2]
     q, k, v, cu_seqlens = ragged_qkv(lengths)
     batch = PackedBatch.from_sequences([np.zeros(n, dtype=np.int64) for n in lengths])
-    padded = pad_batch(batch, (8, 64))
+    padded = host_inputs(batch, pad_to=(8, 64))
     backend = MaskedSdpaBackend(causal)
     plan = backend.graph_plan(8, 64, torch.device("cpu"), 64)
     backend.update_graph_plan(plan, padded.cu_seqlens)

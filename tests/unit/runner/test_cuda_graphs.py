@@ -1,4 +1,4 @@
-"""Graph bookkeeping on CPU (buckets, padding, lazy capture, counters) with an injected capture."""
+"""Graph bookkeeping on CPU (buckets, lazy capture, counters) with an injected capture."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,6 @@ from engine_lib.runner.cuda_graphs import (
     REPLAY,
     GraphBuckets,
     LazyGraphCache,
-    pad_batch,
     seq_buckets,
     token_buckets,
 )
@@ -35,19 +34,6 @@ def test_bucket_map_is_the_smallest_bucket_that_fits():
         assert buckets.key(1, num_tokens)[1] == min(b for b in buckets.token_buckets if b >= num_tokens)
     assert buckets.key(3, 10) == (4, 64) and buckets.key(64, 64) == (64, 64)
     assert buckets.key(1, 4097) is None and buckets.key(65, 100) is None
-
-
-def test_pad_batch_uses_zero_length_dummies():
-    batch = PackedBatch.from_sequences([np.array([5, 6, 7]), np.array([8, 9])])
-    padded = pad_batch(batch, (4, 64))
-    assert padded.cu_seqlens.tolist() == [0, 3, 5, 5, 5]
-    ids, positions, seq_ids, token_types = padded.token_data
-    assert not token_types.any()
-    assert ids[:5].tolist() == [5, 6, 7, 8, 9] and not ids[5:].any()
-    assert positions[:5].tolist() == [0, 1, 2, 0, 1] and not positions[5:].any()
-    assert seq_ids[:5].tolist() == [0, 0, 0, 1, 1] and (seq_ids[5:] == 4).all()  # scratch row = bucket size
-    with pytest.raises(ValueError, match="exceeds bucket"):
-        pad_batch(batch, (1, 64))
 
 
 def test_lazy_cache_first_eager_second_capture_then_replay():
