@@ -37,26 +37,43 @@ class PackedBatch:
         return np.repeat(np.arange(self.num_seqs, dtype=np.int64), self.seq_lens)
 
     @classmethod
-    def from_sequences(cls, sequences: Sequence[np.ndarray],
-                       token_types: Sequence[np.ndarray | None] | None = None) -> "PackedBatch":
-        """`token_types[i]`: segment ids of sequence i (same length) or None (all 0)."""
-        if not sequences:
+    def from_flat(cls, input_ids: np.ndarray, seq_lens: Sequence[int],
+                  token_types: np.ndarray | None = None) -> "PackedBatch":
+        """Sequences already laid end to end: `input_ids` [num_tokens] (kept as is when int64),
+        `seq_lens` their lengths in order, `token_types` [num_tokens] segment ids or None (all 0)."""
+        if not len(seq_lens):
             raise ValueError("a batch needs at least one sequence")
-        lens = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        lens = np.asarray(seq_lens, dtype=np.int64)
         if (lens < 1).any():
             raise ValueError("every sequence needs at least one token")
-        cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int32)
+        cu_seqlens = np.zeros(len(lens) + 1, dtype=np.int32)
         np.cumsum(lens, out=cu_seqlens[1:])
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        if input_ids.shape != (int(cu_seqlens[-1]),):
+            raise ValueError(f"input_ids has shape {input_ids.shape}; the lengths add up to {int(cu_seqlens[-1])}")
+        if token_types is not None:
+            token_types = np.asarray(token_types, dtype=np.int64)
+            if token_types.shape != input_ids.shape:
+                raise ValueError("token_types must have one entry per token")
+        positions = np.arange(len(input_ids), dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
+        return cls(input_ids, positions, cu_seqlens, int(lens.max()), token_types)
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[np.ndarray],
+                       token_types: Sequence[np.ndarray | None] | None = None) -> "PackedBatch":
+        """One array per sequence (tests, benchmarks); `token_types[i]`: segment ids of sequence i
+        (same length) or None (all 0)."""
+        if not sequences:
+            raise ValueError("a batch needs at least one sequence")
+        lens = [len(s) for s in sequences]
         input_ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])
-        starts = np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
-        positions = np.arange(len(input_ids), dtype=np.int64) - starts
         types = None
         if token_types is not None and any(t is not None for t in token_types):
-            types = np.concatenate([np.zeros(len(s), dtype=np.int64) if t is None else np.asarray(t, dtype=np.int64)
-                                    for s, t in zip(sequences, token_types)])
-            if types.shape != input_ids.shape:
+            if any(t is not None and len(t) != n for t, n in zip(token_types, lens)):
                 raise ValueError("token_types must have one entry per token")
-        return cls(input_ids, positions, cu_seqlens, int(lens.max()), types)
+            types = np.concatenate([np.zeros(n, dtype=np.int64) if t is None else np.asarray(t, dtype=np.int64)
+                                    for n, t in zip(lens, token_types)])
+        return cls.from_flat(input_ids, lens, types)
 
 
 class LazyTensor(Protocol):

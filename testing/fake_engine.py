@@ -70,9 +70,12 @@ class Replies:
                 f"only {len(self.results)} of {count} answered"
 
 
-def submit(service, replies, name, seqs, **kwargs):
-    """One request of validated sequences straight to the service (raw rows back)."""
-    return service.submit([np.asarray(s, dtype=np.int64) for s in seqs], replies.callback(name), **kwargs)
+def submit(service, replies, name, seqs, token_types=None, **kwargs):
+    """One request of validated sequences straight to the service (raw rows back);
+    `token_types`: segment ids per sequence, as `seqs`."""
+    flat = lambda parts: np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+    return service.submit(flat(seqs), [len(s) for s in seqs], replies.callback(name),
+                          token_types=None if token_types is None else flat(token_types), **kwargs)
 
 
 def make_service(engine, **kwargs):

@@ -10,7 +10,8 @@ that is ready at launch (CPU) is answered by the scheduler thread itself when
 the completion thread has nothing pending: one thread hand-off less per batch.
 Admission control bounds the pool (requests pending, tokens queued): past a
 bound `submit` raises OverloadError at once. Requests arrive validated and
-leave as raw pooled rows (engine_lib/service/endpoint.py does both ends). A cancelled request's sequences
+leave as raw pooled rows (engine_lib/service/endpoint.py does both ends). A request's
+token ids stay flat; each batch gathers its sequences' slices of them once (`gather`). A cancelled request's sequences
 are dropped when they come up for launch. docs/operations.md has the limits.
 
 Fatal failures: if either thread dies, or a step reports a sticky device error
@@ -27,7 +28,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -44,8 +45,8 @@ DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
 
 @dataclass
 class _PooledRequest:
-    sequences: list[np.ndarray]
-    token_types: Optional[list[np.ndarray]]  # segment ids per sequence (BERT pairs), or None (all 0)
+    input_ids: np.ndarray  # [num_tokens] int64, the request's sequences end to end (never split)
+    token_types: Optional[np.ndarray]  # [num_tokens] int64 segment ids (BERT pairs), or None (all 0)
     on_done: DoneCallback
     rows: np.ndarray
     remaining: int
@@ -58,6 +59,30 @@ class _PooledRequest:
     picked: float = 0.0
     launched: float = 0.0
     ready: float = 0.0
+
+
+def gather(scheduled: list[ScheduledSequence], requests: list[_PooledRequest]) -> PackedBatch:
+    """The scheduled sequences as one PackedBatch: their slices of the requests' flat ids, copied once.
+
+    A request's sequences leave in order, so those in one batch are adjacent and
+    contiguous in its ids: one slice per request (taken as is when it is the only one).
+    """
+    runs: list[tuple[_PooledRequest, int, int]] = []  # (request, start, stop) in its flat ids
+    for seq, request in zip(scheduled, requests):
+        if runs and runs[-1][0] is request and runs[-1][2] == seq.start:
+            runs[-1] = (request, runs[-1][1], seq.start + seq.num_tokens)
+        else:
+            runs.append((request, seq.start, seq.start + seq.num_tokens))
+    input_ids = _join([r.input_ids[a:b] for r, a, b in runs])
+    token_types = None
+    if any(r.token_types is not None for r, _, _ in runs):
+        token_types = _join([np.zeros(b - a, dtype=np.int64) if r.token_types is None else r.token_types[a:b]
+                             for r, a, b in runs])
+    return PackedBatch.from_flat(input_ids, [s.num_tokens for s in scheduled], token_types)
+
+
+def _join(slices: list[np.ndarray]) -> np.ndarray:
+    return slices[0] if len(slices) == 1 else np.concatenate(slices)
 
 
 class BatchingService:
@@ -94,20 +119,20 @@ class BatchingService:
         self._scheduler.start()
         self._completer.start()
 
-    def submit(self, sequences: list[np.ndarray], on_done: DoneCallback,
+    def submit(self, input_ids: np.ndarray, seq_lens: Sequence[int], on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None,
-               token_types: Optional[list[np.ndarray]] = None, received_at: Optional[float] = None) -> int:
-        """Queue one request's sequences (already validated, see encoder.py); raises
-        OverloadError before queuing anything. `on_done(rows, error)` gets the raw
-        rows [len(sequences), engine.output_dim] in order. `token_types`: segment
-        ids per sequence (same lengths), or None.
+               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None) -> int:
+        """Queue one request (already validated, see endpoint.py): flat int64 `input_ids`, its
+        sequences' lengths `seq_lens` (Python ints), optional flat `token_types` (segment ids);
+        raises OverloadError before queuing anything. `on_done(rows, error)` gets the raw rows
+        [len(seq_lens), engine.output_dim] in order.
 
         `is_cancelled` is polled when the request's sequences are about to launch
         (see cancel_check_interval); once it says True, the still-queued
         sequences are dropped and `on_done` gets a RequestCancelled error. `received_at`
         (time.perf_counter) starts the request's hop timing (rose_hop_seconds_total).
         """
-        num_tokens = sum(len(s) for s in sequences)
+        num_tokens = len(input_ids)
         with self._lock:
             refusal = self._refusal(num_tokens)
             if refusal is not None:
@@ -115,10 +140,10 @@ class BatchingService:
                 self.metrics.count("rose_refused_total", reason=reason)
                 raise OverloadError(message)
             key = next(self._ids)
-            rows = np.empty((len(sequences), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(sequences, token_types, on_done, rows, len(sequences), is_cancelled,
+            rows = np.empty((len(seq_lens), self.output_dim), dtype=np.float32)
+            self._requests[key] = _PooledRequest(input_ids, token_types, on_done, rows, len(seq_lens), is_cancelled,
                                                  time.monotonic(), received=received_at or time.perf_counter())
-            self._batcher.add(key, (len(s) for s in sequences))
+            self._batcher.add(key, seq_lens)
             self._lock.notify()
         return key
 
@@ -176,14 +201,13 @@ class BatchingService:
         if not scheduled:
             self._inflight.release()
             return
-        sequences = [r.sequences[s.index] for r, s in zip(requests, scheduled)]
-        types = [None if r.token_types is None else r.token_types[s.index] for r, s in zip(requests, scheduled)]
+        batch = gather(scheduled, requests)
         launched_at = time.perf_counter()
         for request in requests:
             request.picked = request.picked or picked_at
             request.launched = launched_at
         try:
-            lazy = self.engine.step(PackedBatch.from_sequences(sequences, types))
+            lazy = self.engine.step(batch)
         except Exception as exc:  # a failed step fails its requests, not the service
             log.exception("engine step failed")
             self._inflight.release()

@@ -4,7 +4,7 @@ A request is flat INPUT_IDS + SEQ_LENS (as the tokenizer models emit them),
 optionally flat TOKEN_TYPE_IDS (segment ids of BERT pairs), and its options
 (RequestOptions for embeddings, RerankOptions for scores). `Endpoint.submit`
 checks them against the engine's limits (InputError names the field), hands
-the sequences to the service, and turns the service's raw rows into the
+the flat ids and lengths to the service, and turns the service's raw rows into the
 answer (engine_lib/service/outputs.py: embedding rows or scores).
 """
 from __future__ import annotations
@@ -34,8 +34,9 @@ class EndpointLimits:
                    engine.type_vocab_size)
 
 
-def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: EndpointLimits) -> list[np.ndarray]:
-    """Flat ids + lengths -> one int64 array per sequence, or InputError naming the problem."""
+def check_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: EndpointLimits) -> tuple[np.ndarray, list[int]]:
+    """Flat ids + lengths -> (int64 flat ids, lengths as ints), or InputError naming the problem.
+    The ids stay flat: the service gathers each batch's slices of them once (service/batching.py)."""
     if input_ids.ndim != 1 or seq_lens.ndim != 1:
         raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and {list(seq_lens.shape)}")
     if seq_lens.size == 0:
@@ -53,27 +54,20 @@ def split_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: Endpoin
                          f"(max_queued_tokens={limits.max_request_tokens}); split it")
     if input_ids.min() < 0 or input_ids.max() >= limits.vocab_size:
         raise InputError(f"INPUT_IDS holds ids outside [0, {limits.vocab_size})")
-    return _split(input_ids.astype(np.int64, copy=False), seq_lens)
+    return input_ids.astype(np.int64, copy=False), lens
 
 
-def _split(flat: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
-    if seq_lens.size == 1:
-        return [flat]
-    return np.split(flat, np.cumsum(seq_lens[:-1]))
-
-
-def split_token_types(token_types: Optional[np.ndarray], seq_lens: np.ndarray,
-                      limits: EndpointLimits) -> Optional[list[np.ndarray]]:
-    """Flat segment ids (one per token) -> per sequence; None or empty: the model's single segment."""
+def check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
+                      limits: EndpointLimits) -> Optional[np.ndarray]:
+    """Flat segment ids (one per token) as int64; None or empty: the model's single segment."""
     if token_types is None or token_types.size == 0:
         return None
-    num_tokens = int(seq_lens.sum())
     if token_types.ndim != 1 or token_types.size != num_tokens:
         raise InputError(f"TOKEN_TYPE_IDS has shape {list(token_types.shape)}; send one id per token "
                          f"({num_tokens}) or none")
     if token_types.min() < 0 or token_types.max() >= limits.type_vocab_size:
         raise InputError(f"TOKEN_TYPE_IDS holds ids outside [0, {limits.type_vocab_size})")
-    return _split(token_types.astype(np.int64, copy=False), seq_lens)
+    return token_types.astype(np.int64, copy=False)
 
 
 class Endpoint:
@@ -90,8 +84,8 @@ class Endpoint:
         """Queue one request; raises InputError/OverloadError before queuing anything.
         `received_at`: time.perf_counter() when the adapter got it (hop timing)."""
         try:
-            sequences = split_sequences(input_ids, seq_lens, self.limits)
-            types = split_token_types(token_types, seq_lens, self.limits)
+            input_ids, lens = check_sequences(input_ids, seq_lens, self.limits)
+            token_types = check_token_types(token_types, input_ids.size, self.limits)
             self.output.check(options)
         except InputError:
             self.service.metrics.count("rose_requests_total", outcome="invalid")
@@ -100,7 +94,7 @@ class Endpoint:
         def finish(rows, error):
             on_done(None if rows is None else self.output.finish(rows, options), error)
 
-        return self.service.submit(sequences, finish, is_cancelled, types, received_at)
+        return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at)
 
     def gauges(self) -> dict[str, float]:
         """Queue depth, the load-time self-check figure and the batch token budget (for the metrics thread)."""

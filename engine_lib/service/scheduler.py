@@ -1,6 +1,7 @@
 """First-come-first-served batching of sequences under a token budget.
 
-Pure Python (no torch): it sees only request keys and sequence lengths.
+Pure Python (no torch): it sees only request keys and sequence lengths (and
+where each sequence starts in its request's flat ids, for the service to gather).
 Invariants: sequences leave in arrival order; a sequence is never split; a
 sequence longer than the budget leaves alone; the head of the queue always
 leaves in the next batch, so nothing starves.
@@ -17,6 +18,7 @@ class ScheduledSequence:
     request_key: Hashable
     index: int  # position of the sequence inside its request
     num_tokens: int
+    start: int  # offset of its first token in the request's flat ids
 
 
 class FcfsBatcher:
@@ -32,13 +34,14 @@ class FcfsBatcher:
         return len(self._queue)
 
     def add(self, request_key: Hashable, seq_lens: Iterable[int]) -> None:
-        added = []
+        added, start = [], 0
         for index, num_tokens in enumerate(seq_lens):
             if num_tokens < 1:
                 raise ValueError(f"sequence {index} of {request_key!r} has {num_tokens} tokens")
-            added.append(ScheduledSequence(request_key, index, int(num_tokens)))
+            added.append(ScheduledSequence(request_key, index, int(num_tokens), start))
+            start += int(num_tokens)
         self._queue.extend(added)
-        self.queued_tokens += sum(s.num_tokens for s in added)
+        self.queued_tokens += start
 
     def next_batch(self) -> list[ScheduledSequence]:
         """Pop the longest FCFS prefix that fits the budget and the sequence cap."""

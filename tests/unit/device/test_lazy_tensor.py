@@ -72,7 +72,7 @@ def test_service_keeps_two_batches_in_flight():
     results: dict[int, np.ndarray] = {}
     try:
         for i in range(3):
-            service.submit([np.array([i + 1])], lambda rows, error, i=i: results.__setitem__(i, rows))
+            service.submit(np.array([i + 1]), [1], lambda rows, error, i=i: results.__setitem__(i, rows))
         assert wait_until(lambda: len(engine.launched) == 2)  # batch 2 launched while batch 1 runs
         time.sleep(0.2)
         assert len(engine.launched) == 2 and not results  # never a third in flight

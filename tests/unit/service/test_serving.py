@@ -246,10 +246,10 @@ def test_ready_results_are_answered_without_a_hand_off_and_pending_ones_by_the_c
     def on_done(name):
         return lambda rows, error: threads.setdefault(name, threading.current_thread().name)
 
-    service.submit([np.array([1, 2])], on_done("ready"))
+    service.submit(np.array([1, 2]), [2], on_done("ready"))
     wait_until(lambda: "ready" in threads)
     engine.gate.clear()
-    service.submit([np.array([3])], on_done("pending"))
+    service.submit(np.array([3]), [1], on_done("pending"))
     wait_until(lambda: len(engine.batches) == 2)
     engine.gate.set()
     wait_until(lambda: "pending" in threads)
