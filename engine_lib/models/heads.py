@@ -5,7 +5,8 @@ A head maps `hidden [num_tokens, H]` (plus `cu_seqlens`, `seq_ids`) to
 sequence; `activation` names what turns it into the model's score (sigmoid
 for a single-logit cross-encoder, as sentence-transformers' CrossEncoder does;
 sigmoid(yes - no) = softmax over ("no", "yes") for a yes/no judge).
-Graph padding rules are those of `pooling.pool` (indices stay in bounds).
+Every head picks its rows with `pooling.pool` (classifiers the CLS token, the
+judge the last token), so graph padding is handled in one place.
 """
 from __future__ import annotations
 
@@ -34,10 +35,6 @@ class PoolingHead(nn.Module):
 
     def load(self, weight_files: list[str]) -> None:
         pass
-
-
-def _cls_rows(hidden, cu_seqlens):
-    return hidden[cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)]
 
 
 class _CheckpointHead(nn.Module):
@@ -72,7 +69,7 @@ class BertClassifierHead(_CheckpointHead):
         self.output_dim = 1
 
     def forward(self, hidden, cu_seqlens, seq_ids):
-        return self.out(torch.tanh(self.dense(_cls_rows(hidden, cu_seqlens))))
+        return self.out(torch.tanh(self.dense(pool(hidden, cu_seqlens, seq_ids, "cls"))))
 
 
 class RobertaClassifierHead(BertClassifierHead):
@@ -97,7 +94,7 @@ class YesNoHead(nn.Module):
         self.output_dim = 1
 
     def forward(self, hidden, cu_seqlens, seq_ids):
-        logits = (hidden[cu_seqlens[1:].long() - 1] @ self.weight.t()).float()  # [num_seqs, 2]
+        logits = (pool(hidden, cu_seqlens, seq_ids, "lasttoken") @ self.weight.t()).float()  # [num_seqs, 2]
         return logits[:, 1:] - logits[:, :1]
 
     def load(self, weight_files: list[str]) -> None:
