@@ -36,13 +36,19 @@ def test_scheduler_thread_death_fails_pending_requests_and_calls_on_fatal():
     engine, fatal = FakeEngine(), FatalRecorder()
     engine.gate.clear()
     service = make_service(engine, on_fatal=fatal)
-    submit(service, Replies(), "warm", [[1]])  # the scheduler is now blocked on the first batch
+    popped, next_batch = threading.Event(), service._batcher.next_batch
+
+    def first_then_broken():
+        if popped.is_set():
+            raise RuntimeError("injected scheduler bug")
+        batch = next_batch()
+        popped.set()
+        return batch
+
+    service._batcher.next_batch = first_then_broken
+    submit(service, Replies(), "warm", [[1]])
+    assert popped.wait(5)  # the scheduler holds "warm": it waits for the launch slot until the gate opens
     replies = Replies()
-
-    def broken_next_batch():
-        raise RuntimeError("injected scheduler bug")
-
-    service._batcher.next_batch = broken_next_batch
     for i in range(3):
         submit(service, replies, i, [[5, 6, 7]])
     engine.gate.set()
@@ -68,8 +74,15 @@ def test_completion_thread_death_fails_pending_requests_and_calls_on_fatal():
 
 
 class StickyEngine(FakeEngine):
+    """Token 13 gives a sticky device error, once `release` is set (so that later requests are queued)."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
     def step(self, batch):
         if 13 in batch.input_ids:
+            assert self.release.wait(10), "test never released the sticky step"
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return super().step(batch)
 
@@ -83,10 +96,12 @@ def test_sticky_device_error_is_fatal_but_an_ordinary_step_error_is_not():
     replies.wait_for(2)
     assert replies.results["fine"][1] is None and not fatal.called.is_set()  # one bad batch only
 
-    service = make_service(StickyEngine(), on_fatal=fatal, max_batch_sequences=1)
+    engine = StickyEngine()
+    service = make_service(engine, on_fatal=fatal, max_batch_sequences=1)
     replies = Replies()
     for name, seqs in (("sticky", [[13]]), ("after", [[1, 2]])):
         submit(service, replies, name, seqs)
+    engine.release.set()
     assert fatal.called.wait(5) and "illegal memory access" in fatal.reasons[0]
     replies.wait_for(2)
     assert all(error is not None for _, error in replies.results.values())
