@@ -16,8 +16,7 @@ from tokenizers import Tokenizer
 
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
-from engine_lib.model_folder import ModelFolder
-from engine_lib.models.families import SCORING_ARCHITECTURES, scoring_architecture
+from engine_lib.model_folder import SCORING_ARCHITECTURES, ModelFolder, scoring_architecture
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.long_text import cut_long_text
 from engine_lib.tokenization.text import load_tokenizer
