@@ -4,42 +4,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rose_triton.server import TritonServer
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
-from testing.tiny_models import (
-    EOS,
-    cosine_rows,
-    hf_hidden_states,
-    qwen3_config,
-    save_random_model,
-    write_word_tokenizer,
-)
+from testing.tiny_models import cosine_rows
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world", "embedding models map text to vectors",
-          "where is the nearest train station", "a search engine ranks documents for a query"]
 TEXTS = ["hello world", "the lazy dog jumps over the quick brown fox", "vectors", "where is the search engine"]
 INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
 @pytest.fixture(scope="module")
-def qwen3_service(tmp_path_factory):
-    from tokenizers import Tokenizer
-    from transformers import Qwen3Model
-
-    folder = tmp_path_factory.mktemp("qwen3_model")
-    vocab = write_word_tokenizer(folder, CORPUS, vocab_size=128)
-    model = save_random_model(Qwen3Model, qwen3_config(eos_token_id=vocab[EOS]), folder, seed=31)
-    server = TritonServer(tmp_path_factory.mktemp("triton_qwen3") / "server.log", env={"ROSE_MODEL_DIR": str(folder)})
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-
-    def reference(texts, prefix=""):
-        """transformers on the same weights: EOS appended, last token, L2-normalised."""
-        sequences = [np.array(tokenizer.encode(prefix + t).ids + [vocab[EOS]]) for t in texts]
-        rows = np.stack([h[-1] for h in hf_hidden_states(model, sequences)])
-        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
-
-    yield server, reference
-    server.stop()
+def qwen3_service(qwen3_server):
+    """The session's Qwen3 server and transformers on the same weights (EOS appended, last token,
+    L2-normalised)."""
+    return qwen3_server, qwen3_server.embedder.reference
 
 
 def test_documents_match_transformers(qwen3_service):

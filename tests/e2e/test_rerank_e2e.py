@@ -1,7 +1,9 @@
-"""Rerankers served by a real tritonserver beside the default embedder (scripts/serve.sh --rerank-model-dir).
+"""Rerankers served by a real tritonserver beside an embedder (scripts/serve.sh --rerank-model-dir).
 
-One server per family (a random-weight BERT cross-encoder, a random-weight
-Qwen3-style yes/no judge): every path (gRPC streaming and HTTP generate on
+One server per family: a random-weight BERT cross-encoder beside the default
+embedder (this module's own), and a random-weight Qwen3-style yes/no judge
+beside a random-weight Qwen3 embedder (the session's `qwen3_server`, shared
+with test_qwen3_e2e.py): every path (gRPC streaming and HTTP generate on
 `rerank`, unary `score` over HTTP and gRPC) against transformers on the same
 folder; bad inputs; concurrent mixed embed + rerank requests.
 """
@@ -34,6 +36,10 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
 
 @pytest.fixture(scope="module", params=["bert", "qwen3"])
 def served(request, tmp_path_factory):
+    if request.param == "qwen3":
+        server = request.getfixturevalue("qwen3_server")
+        yield "qwen3", server.reranker_folder, server
+        return
     folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
     save_reranker(request.param, folder)
     server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True)
@@ -119,8 +125,9 @@ def test_gateway_rerank_endpoint_matches_reference(served):
     assert len(raw) == len(DOCS) and all("document" not in r for r in raw)
     np.testing.assert_allclose([r["relevance_score"] for r in sorted(raw, key=lambda r: r["index"])], logits,
                                rtol=1e-3, atol=1e-5)
+    embedder = "all-MiniLM-L6-v2" if kind == "bert" else server.embedder.folder.name  # named after its folder
     with urllib.request.urlopen(f"{server.gateway_url}/v1/models", timeout=10) as response:
-        assert [m["id"] for m in json.load(response)["data"]] == ["all-MiniLM-L6-v2", "rerank"]
+        assert [m["id"] for m in json.load(response)["data"]] == [embedder, "rerank"]
 
 
 def test_long_document_is_cut_and_query_kept(served):

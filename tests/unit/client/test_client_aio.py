@@ -178,7 +178,7 @@ class FakeStreamClient:
                 client.streams.append(self)
 
             async def __anext__(self):
-                request = await requests.__anext__()
+                await requests.__anext__()
                 if self.broken:
                     raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "Socket closed")
 
