@@ -17,8 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from engine_lib.model_folder import DEFAULT_MODEL
-from rose_client.aio import ChunkRefused
-from rose_client.dispatch import JobFailed
+from rose_client.aio import ChunkRefused, JobFailed
 
 from . import embeddings, rerank
 from .backend import Backend

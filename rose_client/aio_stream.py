@@ -1,6 +1,10 @@
-"""One asyncio gRPC stream to one replica, one request outstanding at a time
-(Triton's stream errors carry no request id; see stream.py). A replica's slots
-share one channel (`ReplicaChannel`)."""
+"""One asyncio gRPC stream to one replica, carrying at most one request at a time.
+
+Triton's stream callback reports an error without the request id, so a stream
+is only unambiguous with a single request outstanding: a replica gets several
+slots (streams) instead of several requests on one stream. A replica's slots
+share one channel (`ReplicaChannel`).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +16,23 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from .stream import ReplicaError
+from rose_triton.errors import code_name_from_message
 
 _CLOSE = object()
+
+
+class ReplicaError(RuntimeError):
+    """A chunk failed on a replica (transport error, timeout, error response)."""
+
+    def __init__(self, url: str, message: str):
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        # The server tags errors caused by the request itself (docs/operations.md):
+        # every replica would refuse it the same way, so it is not retried.
+        code = code_name_from_message(message)
+        self.input_rejected = code == "INVALID_ARG"
+        # Admission control refused it (encoder queue or Triton's queue policy full): retry later.
+        self.overloaded = code == "UNAVAILABLE"
 
 
 @dataclass(frozen=True)

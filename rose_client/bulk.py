@@ -12,10 +12,11 @@ import argparse
 import os
 import sys
 
+from .aio import JobFailed
 from .chunking import plan_fingerprint
 from .client import EmbeddingClient
-from .dispatch import JobFailed, RetryPolicy
 from .inputs import read_input
+from .scheduling import RetryPolicy
 from .store import ResumableOutput, ResumeMismatch
 from .tokens import ByteEstimator, TokenizerCounter
 

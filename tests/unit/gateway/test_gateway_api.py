@@ -15,8 +15,8 @@ from engine_lib.tokenization.text import TextTokenizer
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from rose_client.aio import AsyncDispatcher
+from rose_client.aio_stream import ReplicaError
 from rose_client.scheduling import RetryPolicy
-from rose_client.stream import ReplicaError
 
 FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 MODEL = "all-MiniLM-L6-v2"
