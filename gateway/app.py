@@ -16,11 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine_lib.config import PairTokenizerConfig
 from engine_lib.model_folder import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused
 from rose_client.dispatch import JobFailed
-from rose_triton.parameters import config_from_pbtxt
 
 from . import embeddings, rerank
 from .backend import Backend
@@ -51,7 +49,7 @@ class Gateway:
         self.config = config
         self.tokenizer = GatewayTokenizer(config.tokenizer_config, config.model_dir)
         self.model_name = served_model_name(config, self.tokenizer.config.model_dir, self.tokenizer.model_dir)
-        self.rerank_limits = config_from_pbtxt(PairTokenizerConfig, config.rerank_tokenizer_config)
+        self.rerank_limits = rerank.read_limits(config.rerank_tokenizer_config)
         self.metrics = GatewayMetrics()
         self.backend = Backend(config, self.metrics)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.text_input import TextLimits, check_texts
+from rose_triton.parameters import config_from_pbtxt
 
 from .errors import bad_request, from_input_error
 
@@ -26,6 +28,11 @@ class RerankRequest:
     top_n: int | None
     return_documents: bool
     parameters: dict  # the options the client set, as RerankOptions read them
+
+
+def read_limits(rerank_tokenizer_config: str) -> PairTokenizerConfig:
+    """The rerank_tokenizer model's settings (its config.pbtxt under ROSE_RERANK_*): its limits apply here."""
+    return config_from_pbtxt(PairTokenizerConfig, rerank_tokenizer_config)
 
 
 def _document_text(i: int, doc) -> str:
