@@ -13,13 +13,17 @@ INTERNAL = ("internal error", "INTERNAL")
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"
 
 
+def _tag(error: Exception) -> tuple[str, str]:
+    return next((tag for kind, tag in TAGS.items() if isinstance(error, kind)), INTERNAL)
+
+
 def client_message(error: Exception) -> str:
-    return f"{TAGS.get(type(error), INTERNAL)[0]}: {error}"
+    return f"{_tag(error)[0]}: {error}"
 
 
 def code_name(error: Exception) -> str:
-    """Triton error code name (pb_utils.TritonError.<name>) for one of our errors."""
-    return TAGS.get(type(error), INTERNAL)[1]
+    """Triton error code name (pb_utils.TritonError.<name>) for one of our errors (subclasses included)."""
+    return _tag(error)[1]
 
 
 def code_name_from_message(message: str) -> str | None:

@@ -36,7 +36,8 @@ class EmbeddingOutput:
 
     def check(self, options: RequestOptions) -> None:
         if options.dimensions > self.width:
-            raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {self.width}")
+            raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {self.width}",
+                             "dimensions")
 
     def finish(self, rows: np.ndarray, options: RequestOptions) -> np.ndarray:
         return finish_rows(rows, options)

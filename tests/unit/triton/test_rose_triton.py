@@ -8,7 +8,13 @@ import pytest
 from engine_lib.config import EncoderConfig, PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError, OverloadError, RequestCancelled
 from rose_triton.errors import client_message, code_name, code_name_from_message
-from rose_triton.parameters import config_from_parameters, config_parameters, env_overrides, sibling_parameters
+from rose_triton.parameters import (
+    config_from_parameters,
+    config_from_pbtxt,
+    config_parameters,
+    env_overrides,
+    sibling_parameters,
+)
 
 
 @pytest.mark.parametrize("error, name", [(InputError("x"), "INVALID_ARG"), (OverloadError("x"), "UNAVAILABLE"),
@@ -56,3 +62,21 @@ def test_another_models_config_pbtxt_parameters_and_their_env_prefix(tmp_path, m
     assert (pair.max_length, pair.max_text_bytes) == (64, 99)
     with pytest.raises(FileNotFoundError, match="missing/config.pbtxt"):
         sibling_parameters(args, "missing")
+
+
+def test_precedence_explicit_over_environment_over_config_pbtxt_over_default(tmp_path):
+    """The one rule, as the gateway uses it: --model-dir > ROSE_MODEL_DIR > config.pbtxt > default;
+    a model's env_prefix picks its variables (ROSE_RERANK_ for the reranker's)."""
+    path = tmp_path / "config.pbtxt"
+    path.write_text('parameters [ { key: "model_dir", value: { string_value: "from-pbtxt" } },\n'
+                    '  { key: "max_length", value: { string_value: "64" } } ]\n')
+    env = {"ROSE_MODEL_DIR": "from-env", "ROSE_RERANK_MODEL_DIR": "rerank-env"}
+    assert config_from_pbtxt(TokenizerConfig, str(path), {}).model_dir == "from-pbtxt"
+    assert config_from_pbtxt(TokenizerConfig, str(path), env).model_dir == "from-env"
+    assert config_from_pbtxt(TokenizerConfig, str(path), env, model_dir="flag").model_dir == "flag"
+    assert config_from_pbtxt(TokenizerConfig, str(path), env, model_dir=None).model_dir == "from-env"
+    config = config_from_pbtxt(TokenizerConfig, str(path), {})
+    assert (config.max_length, config.max_text_bytes) == (64, TokenizerConfig.max_text_bytes)
+    path.write_text(path.read_text().replace("parameters [", 'parameters [ { key: "env_prefix", value: '
+                                                                '{ string_value: "ROSE_RERANK_" } },'))
+    assert config_from_pbtxt(PairTokenizerConfig, str(path), env).model_dir == "rerank-env"
