@@ -24,6 +24,7 @@ import torch
 
 from engine_lib.contract import PackedBatch
 from engine_lib.runner.model_runner import ModelRunner
+from engine_lib.runner.self_check import MIN_COSINE
 
 QWEN3_EMBEDDING_0_6B = dict(vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                             num_key_value_heads=8, head_dim=128, intermediate_size=3072,
@@ -31,7 +32,6 @@ QWEN3_EMBEDDING_0_6B = dict(vocab_size=151669, hidden_size=1024, num_hidden_laye
                             tie_word_embeddings=True)
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, intermediate_size=128, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0)
-MIN_COSINE = 0.999
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -31,6 +31,7 @@ from engine_lib.config import EncoderConfig
 from engine_lib.contract import PackedBatch
 from engine_lib.options import RequestOptions
 from engine_lib.runner.model_runner import ModelRunner
+from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.service.build import build_endpoint
 from perf import report
 from perf.engine_bench import flops_per_token
@@ -38,7 +39,6 @@ from perf.gpu_latency import QWEN3_EMBEDDING_0_6B, TINY, build_model_folder, rer
 from perf.machine import describe, gemm_flops
 from perf.measure import latency_stats
 
-MIN_COSINE = 0.999
 FULL = dict(s1=(128, 512, 4096), s2_len=512, s2=(5, 25, 50), s3_batch=100, s3=(512, 1024, 4096), s3_seconds=6.0,
             iters=100, s2_iters=30, threads=8, per_thread=12, max_mixed=1024)
 DRY = dict(s1=(8, 40), s2_len=40, s2=(2, 5), s3_batch=8, s3=(40, 100), s3_seconds=1.0,

@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+from engine_lib.runner.self_check import MIN_COSINE
+
 from .machine import bert_flops_per_token
 
 OURS = "rose"
@@ -118,7 +120,7 @@ def markdown(results: dict) -> str:
         versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
         lines.append(f"- `{name}`: {info.get('label', name)}" + (f" ({versions})" if versions else ""))
     lines += ["", "Every timed cell was preceded by warm-up requests whose every row was checked against "
-              "sentence-transformers (cosine >= 0.999); a cell that failed the check has no timing. "
+              f"sentence-transformers (cosine >= {MIN_COSINE}); a cell that failed the check has no timing. "
               "`ours vs peer` > 1 means ours is better (peer ms / our ms, or our emb/s / peer emb/s).", ""]
     lines += scenario_tables(results) + efficiency_lines(results)
     return "\n".join(lines) + "\n"

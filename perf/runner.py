@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_lib.runner.self_check import MIN_COSINE
+
 from .machine import wait_until_quiet
 from .measure import latency_stats
 from .profiles import Cell, Profile
 from .scoring import MAX_SCORE_DIFF, check_scores
 from .texts import TextMaker
-
-MIN_COSINE = 0.999  # the seed's 0.1% divergence check
 
 
 def log(message: str) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_lib.runner.self_check import MIN_COSINE
+
 from .. import machine
 from ..measure import latency_loop, latency_stats
 from ..runner import log, min_cosine
@@ -96,8 +98,8 @@ def _check(call, requests, reference, want_model: bool) -> float | None:
         return None
     cosine = min(min_cosine(g, reference.encode(r.texts, normalize_embeddings=True))
                  for g, r in zip(got, requests[:4]))
-    if cosine < 0.999:
-        raise RuntimeError(f"warm-up check failed: min cosine {cosine:.5f} < 0.999")
+    if cosine < MIN_COSINE:
+        raise RuntimeError(f"warm-up check failed: min cosine {cosine:.5f} < {MIN_COSINE}")
     return cosine
 
 

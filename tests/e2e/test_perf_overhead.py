@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from engine_lib.runner.self_check import MIN_COSINE
 from perf import machine
 from perf.overhead import hops, procstat
 from perf.overhead.report import markdown, readme_lines
@@ -73,7 +74,7 @@ def test_short_form_measures_every_path(short_run):
         assert r["overhead_p50_ms"] == pytest.approx(r["p50_ms"] - r["model_ms"])
         assert r["server_cpu_ms_per_request"] >= 0 and r["client_cpu_ms_per_request"] > 0
         if not path.startswith("floor_"):
-            assert r["min_cosine"] >= 0.999 and r["model_ms"] > 0, path
+            assert r["min_cosine"] >= MIN_COSINE and r["model_ms"] > 0, path
     inproc = results["inproc"]
     assert all(inproc[k]["n"] == 6 for k in ("engine_step", "tokenizer", "service"))
 

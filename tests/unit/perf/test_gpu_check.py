@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine_lib.runner.self_check import MIN_COSINE
 from testing import REPO
 
 
@@ -24,7 +25,7 @@ def test_gpu_check_dry_run_writes_harness_json_to_a_temporary_folder():
 
         served = json.loads((out / "gpu_served.json").read_text())
         assert served["ok"] and served["dry_run"] and served["concurrency"]["errors"] == []
-        assert served["concurrency"]["min_cosine_vs_fp32"] >= 0.999 and served["concurrency"]["requests"] > 1
+        assert served["concurrency"]["min_cosine_vs_fp32"] >= MIN_COSINE and served["concurrency"]["requests"] > 1
         assert {c["scenario"][0] for c in served["cells"]} == {"1", "2", "3"}
         assert all(c["results"]["rose"]["n"] > 0 for c in served["cells"])
         stats = served["graph_stats"]
