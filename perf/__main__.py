@@ -107,7 +107,6 @@ def _exit_on_sigterm(signum, frame):
 
 
 def cmd_overhead(args) -> None:
-    from .overhead import report as overhead_report
     from .overhead.run import Settings, run
 
     desc = machine.describe()
@@ -121,11 +120,11 @@ def cmd_overhead(args) -> None:
         runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
     results = run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc,
                   args.variant or [])
-    out_json.with_suffix(".md").write_text(overhead_report.markdown(results))
+    out_json.with_suffix(".md").write_text(report.markdown(results))
     if not args.no_plots:
         plot(out_json)
     runner.log(f"wrote {out_json} and {out_json.with_suffix('.md')}")
-    print(overhead_report.markdown(results))
+    print(report.markdown(results))
 
 
 def cmd_run(args) -> None:
@@ -213,11 +212,7 @@ def main(argv=None) -> None:
         do_setup(args.name, model_info(args.model_dir)["dir"])
     elif args.command == "report":
         results = json.loads(args.json.read_text())
-        if results["profile"] == "overhead":
-            from .overhead.report import markdown
-        else:
-            markdown = report.markdown
-        args.json.with_suffix(".md").write_text(markdown(results))
+        args.json.with_suffix(".md").write_text(report.markdown(results))
         plot(args.json)
     elif args.command == "readme":
         report.update_readme(REPO / "README.md", report.readme_section([p.resolve() for p in args.json], REPO))

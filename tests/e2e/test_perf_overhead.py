@@ -9,9 +9,8 @@ import time
 import pytest
 
 from engine_lib.runner.self_check import MIN_COSINE
-from perf import machine
+from perf import machine, report
 from perf.overhead import hops, procstat
-from perf.overhead.report import markdown, readme_lines
 from perf.overhead.run import Settings, run
 
 
@@ -95,10 +94,10 @@ def test_short_form_breaks_down_hops_and_load(short_run):
 
 
 def test_short_form_report_names_every_path(short_run):
-    results, _ = short_run
-    text = markdown(results)
+    results, out = short_run
+    text = report.markdown(results)
     for path in results["paths"]:
         assert f"`{path}`" in text
     assert "overhead p50" in text and "Where the time goes" in text
-    readme = "\n".join(readme_lines(results, "r.md"))
+    readme = report.readme_section([out], out.parent)
     assert all(f"`{path}`" in readme for path in results["paths"])
