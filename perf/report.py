@@ -134,7 +134,9 @@ def markdown(results: dict) -> str:
 def _overhead_model(results: dict, long: bool = False) -> str:
     model = results["model"]
     if model["config"] != model.get("tiny_shape"):  # --model-dir
-        return f"`{model['dir']}` {model['config']}" if long else Path(model["dir"]).name
+        config = model["config"]
+        return (f"`{model['dir']}` {config}" if long
+                else f"{config['num_hidden_layers']}-layer {config['hidden_size']}-wide model")
     return (f"near-zero-compute BERT {model['config']} with the default model's tokenizer (`{model['dir']}`)"
             if long else "near-free model")
 
