@@ -106,7 +106,7 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
         results["reranker"] = scoring["info"]
     for number, cell in enumerate(cells, 1):
         log(f"cell {number}/{len(cells)} [{cell.scenario}] {cell.label}")
-        entry = {**{k: getattr(cell, k) for k in cell.__dataclass_fields__}, "label": cell.label, "results": {}}
+        entry = cell.entry()
         cell_targets, limit = targets, model["max_positions"]
         if cell.task == "score":
             if scoring is None:

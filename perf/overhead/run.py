@@ -247,3 +247,12 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
     results["machine"]["load_avg_at_end"] = os.getloadavg()
     out_json.write_text(json.dumps(results, indent=1))
     return results
+
+
+def measure(args, out_json: Path, desc: dict) -> dict:
+    """`python -m perf run --profile overhead`: `--cells` names client paths; `--compare`, `--variant` add servers."""
+    settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
+    if args.cells:
+        settings = settings.only(args.cells.split(","))
+    return run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc,
+               args.variant or [])
