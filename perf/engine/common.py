@@ -28,6 +28,13 @@ def save_random_qwen3(shape: dict, folder: str, device: str = "cpu"):
     return model
 
 
+def model_record(shape: dict, dry_run: bool) -> dict:
+    """The results' `model` entry for a random-weight Qwen3 of `shape`."""
+    return {"name": "random tiny Qwen3" if dry_run else "random Qwen3-Embedding-0.6B shape",
+            "config": {k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                             "num_attention_heads")}}
+
+
 def rerun_capture(fn):
     """CPU stand-in for CUDA graph capture: replay re-runs the step over the static buffers."""
     output = fn()

@@ -23,7 +23,7 @@ from engine_lib.runner.self_check import MIN_COSINE
 from ..measure import latency_loop, latency_stats
 from ..profiles import S1, Cell, select
 from ..runner import log, min_cosine
-from .common import QWEN3_EMBEDDING_0_6B, TINY_QWEN3, rerun_capture, save_random_qwen3
+from .common import QWEN3_EMBEDDING_0_6B, TINY_QWEN3, model_record, rerun_capture, save_random_qwen3
 
 LENGTHS, ITERS, WARMUP = (128, 512, 4096), 200, 5  # warm-up >= 3: eager, capture, replay; timed runs are replays
 DRY_LENGTHS, DRY_ITERS, DRY_WARMUP = (8, 40), 1, 3
@@ -111,9 +111,7 @@ def measure(args, out_json, machine: dict) -> dict:
         "check": (f"Every system's warm-up output was checked against fp32 transformers (cosine >= {MIN_COSINE}); "
                   "a failed check still times the cell and fails the run."),
         "machine": machine,
-        "model": {"name": "random Qwen3-Embedding-0.6B shape" if not args.dry_run else "random tiny Qwen3",
-                  "config": {k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                   "num_attention_heads")}},
+        "model": model_record(shape, args.dry_run),
         "targets": {name: {"label": LABELS[name], "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}}
                     for name in systems},
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -33,7 +33,15 @@ from ..machine import flops_per_token, gemm_flops
 from ..measure import latency_loop, latency_stats, threaded_loop
 from ..profiles import S1, S2, S3, Cell, select
 from ..runner import log, min_cosine
-from .common import QWEN3_EMBEDDING_0_6B, TINY_QWEN3, rerun_capture, save_random_qwen3, token_request, token_requests
+from .common import (
+    QWEN3_EMBEDDING_0_6B,
+    TINY_QWEN3,
+    model_record,
+    rerun_capture,
+    save_random_qwen3,
+    token_request,
+    token_requests,
+)
 
 FULL = dict(s1=(128, 512, 4096), s2_len=512, s2=(5, 25, 50), s3_batch=100, s3=(512, 1024, 4096), s3_seconds=6.0,
             iters=100, s2_iters=30, threads=8, per_thread=12, max_mixed=1024)
@@ -168,9 +176,7 @@ def measure(args, out_json, machine: dict) -> dict:
                   f"{len(concurrency['errors'])}",
                   f"graph counters: {stats}"],
         "check": CHECK, "machine": machine,
-        "model": {"name": "random Qwen3-Embedding-0.6B shape" if not args.dry_run else "random tiny Qwen3",
-                  "config": {k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                   "num_attention_heads")}},
+        "model": model_record(shape, args.dry_run),
         "gemm_ceiling": ceiling,
         "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
                              "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}}},
