@@ -17,17 +17,6 @@ from .profiles import PROFILES, RUNNERS, select
 REPO = lineup.REPO
 
 
-def model_info(model_dir: str | None) -> dict:
-    from engine_lib.model_folder import ModelFolder
-
-    folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
-    path, config = folder.path, folder.config
-    name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
-    return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
-            "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                              "num_attention_heads") if k in config}}
-
-
 def start_targets(names: list[str], args, model: dict, stack) -> tuple[dict, str | None]:
     """(targets by name, the gRPC URL of ours, if served)."""
     targets = {}
@@ -111,7 +100,7 @@ def run_cells(args, profile, out_json: Path, desc: dict) -> dict:
     """A profile of cells: every target (ours served, peers) on the same requests, checked, then timed."""
     names = args.targets.split(",") if args.targets else list(profile.default_targets)
     cells = select(profile.cells, args.cells, args.scale)
-    model = model_info(args.model_dir)
+    model = lineup.model_info(args.model_dir)
     runner.log(f"profile {profile.name}: {len(cells)} cells, targets {names} -> {out_json}")
     gemm = machine.gemm_flops() if not args.no_gemm else None
     if gemm:
@@ -203,7 +192,7 @@ def main(argv=None) -> None:
     elif args.command == "setup":
         from .setup_peers import setup as do_setup
 
-        do_setup(args.name, model_info(args.model_dir)["dir"])
+        do_setup(args.name, lineup.model_info(args.model_dir)["dir"])
     elif args.command == "report":
         results = json.loads(args.json.read_text())
         args.json.with_suffix(".md").write_text(report.markdown(results))

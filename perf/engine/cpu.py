@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..lineup import model_info
 from ..machine import cpu_busy, flops_per_token, gemm_flops
 from ..measure import latency_stats
 from ..profiles import Cell
@@ -127,23 +128,22 @@ def time_cells(engines: dict, ort: OrtWorker | None, scale: float) -> list[dict]
 def measure(args, out_json, machine: dict) -> dict:
     import torch
 
-    from engine_lib.model_folder import ModelFolder
     from engine_lib.runner.model_runner import ModelRunner
 
     started = datetime.datetime.now().isoformat(timespec="seconds")
     gemm_start = gemm_flops(3.0)
-    minilm = ModelFolder.open(args.model_dir or "default")
+    model = model_info(args.model_dir)
     ort = None
     if not args.targets or "ort" in args.targets.split(","):
         try:
-            ort = OrtWorker(minilm.path)
+            ort = OrtWorker(model["dir"])
         except FileNotFoundError as exc:
             log(f"engine-cpu: {exc}; ORT left out")
     with tempfile.TemporaryDirectory() as folder:
         save_random_qwen3({**QWEN3_EMBEDDING_0_6B, "vocab_size": 32768, "num_hidden_layers": QWEN3_LAYERS,
                            "max_position_embeddings": 1024}, folder)
-        configs = {"minilm": dict(minilm.config), "qwen3": json.loads(Path(folder, "config.json").read_text())}
-        engines = {"minilm": ModelRunner(minilm.path, device="cpu"), "qwen3": ModelRunner(folder, device="cpu")}
+        configs = {"minilm": model["config"], "qwen3": json.loads(Path(folder, "config.json").read_text())}
+        engines = {"minilm": ModelRunner(model["dir"], device="cpu"), "qwen3": ModelRunner(folder, device="cpu")}
         entries = time_cells(engines, ort, args.scale)
     if ort is not None:
         ort.close()
@@ -160,13 +160,10 @@ def measure(args, out_json, machine: dict) -> dict:
     notes.append(f"Systems alternate in blocks of steps (`n` = steps timed); torch threads {threads}; GEMM "
                  f"{gemm['flops_per_s'] / 1e9:.1f} GFLOP/s (better of start {gemm_start['flops_per_s'] / 1e9:.1f} "
                  f"and end {gemm_end['flops_per_s'] / 1e9:.1f})")
-    config = {k: configs["minilm"][k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                "num_attention_heads")}
     return {"profile": "engine-cpu", "description": __doc__.splitlines()[0].split(": ", 1)[1], "notes": notes,
             "check": "No output check: the same token ids go to each system; only step times are compared.",
             "machine": {**machine, "load_avg_at_end": os.getloadavg(), "cpu_busy_after": cpu_busy(1.0)},
-            "model": {"name": "all-MiniLM-L6-v2 (embedded)" if not args.model_dir else Path(minilm.path).name,
-                      "dir": minilm.path, "config": config},
+            "model": model,
             "targets": {name: {"label": LABELS[name]} for name in ("rose", "ort") if name == "rose" or ort},
             "gemm": gemm, "gemm_at_start": gemm_start, "gemm_at_end": gemm_end, "torch_threads": threads,
             "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"), "cells": entries}
