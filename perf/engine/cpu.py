@@ -27,7 +27,8 @@ from ..runner import log
 from .common import QWEN3_EMBEDDING_0_6B, save_random_qwen3
 
 QWEN3_LAYERS = 4
-# (model, batch, length, alternating blocks per system (scaled by --scale), steps per block)
+# (model, batch, length, alternating blocks per system (scaled by --scale), steps per block);
+# cell keys `<model>-<batch>x<length>` (--cells)
 CELLS = (("minilm", 1, 128, 5, 10), ("minilm", 32, 256, 5, 1), ("qwen3", 1, 128, 5, 10), ("qwen3", 32, 256, 2, 1))
 SCENARIOS = {"minilm": "all-MiniLM-L6-v2, one ModelRunner.step",
              "qwen3": f"random Qwen3 0.6B shape, {QWEN3_LAYERS} layers, one ModelRunner.step"}
@@ -111,9 +112,11 @@ def gemm_fractions(entry: dict, config: dict, gemm: float) -> None:
         result["gemm_fraction_best"] = flops / (result["best_ms"] / 1e3) / gemm
 
 
-def time_cells(engines: dict, ort: OrtWorker | None, scale: float) -> list[dict]:
+def time_cells(engines: dict, ort: OrtWorker | None, keys: str | None, scale: float) -> list[dict]:
     entries = []
     for model, batch, length, rounds, reps in CELLS:
+        if keys and f"{model}-{batch}x{length}" not in keys.split(","):
+            continue
         rounds = max(1, round(rounds * scale))
         cell = Cell(SCENARIOS[model], f"{model}-{batch}x{length}", "sequential", "tokens", length, batch,
                     num_requests=rounds * reps)
@@ -144,7 +147,7 @@ def measure(args, out_json, machine: dict) -> dict:
                            "max_position_embeddings": 1024}, folder)
         configs = {"minilm": model["config"], "qwen3": json.loads(Path(folder, "config.json").read_text())}
         engines = {"minilm": ModelRunner(model["dir"], device="cpu"), "qwen3": ModelRunner(folder, device="cpu")}
-        entries = time_cells(engines, ort, args.scale)
+        entries = time_cells(engines, ort, args.cells, args.scale)
     if ort is not None:
         ort.close()
     gemm_end = gemm_flops(3.0)
