@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def test_float32_needs_no_second_model(folders):
 def test_overflowing_float16_path_refuses_to_load(folders):
     ModelRunner(str(folders["bert-overflow"]), device="cpu", dtype="float32")  # fine in fp32
     with pytest.raises(SelfCheckError, match=r"float16 on cpu vs float32 on the same device gives cosine -1\.0+ "
-                                             r"\(< 0\.999\).*refusing to load"):
+                                             rf"\(< {re.escape(str(MIN_COSINE))}\).*refusing to load"):
         ModelRunner(str(folders["bert-overflow"]), device="cpu", dtype="float16")
     ModelRunner(str(folders["bert"]), device="cpu", dtype="float16")  # same layers, sane weights: loads
 
