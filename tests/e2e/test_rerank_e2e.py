@@ -180,7 +180,7 @@ BAD = {  # inputs, parameters, what the message says, the field on the wire (ros
     "empty query": ([""], ["paris"], None, "QUERY[0] is empty", "QUERY"),
     "non-UTF-8 query": ([b"\xff"], ["paris"], None, "QUERY[0] is not valid UTF-8", "QUERY"),
     "two queries": ([QUERY, QUERY], ["paris"], None, "QUERY", None),  # Triton refuses the shape: its own text
-    "unknown option": ([QUERY], ["paris"], {"normalize": True}, "unknown request parameter", None),
+    "unknown option": ([QUERY], ["paris"], {"normalize": True}, "unknown request parameter", "normalize"),
     "bad raw_scores": ([QUERY], ["paris"], {"raw_scores": "maybe"}, "raw_scores", "raw_scores"),
 }
 
