@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from engine_lib.model_folder import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused, JobFailed
+from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, RERANK, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
 
 from . import embeddings, rerank
 from .backend import Backend
@@ -28,6 +29,10 @@ from .tokenizing import Encoded, GatewayTokenizer
 
 log = logging.getLogger("gateway")
 INLINE_CHARS = 16384  # smaller text inputs are tokenized on the event loop, larger ones in the pool
+# The request body's field behind each tensor an encoder may refuse; a refused request
+# parameter (dimensions, truncate, ...) has the same name in the body.
+BODY_FIELDS = {TEXT: "input", INPUT_IDS: "input", SEQ_LENS: "input", QUERY: "query", DOCUMENTS: "documents",
+               TOKEN_TYPE_IDS: "documents"}
 
 
 def json_response(body, status: int = 200) -> Response:
@@ -130,8 +135,8 @@ class Gateway:
             raise ApiError(499, "the client closed the connection before the answer", None,
                            "client_closed_request") from None
         except ChunkRefused as exc:
-            message = str(exc.error).split("invalid input: ", 1)[-1]
-            raise bad_request(message, "dimensions" if "'dimensions'" in message else param) from None
+            field = exc.error.wire.field
+            raise bad_request(exc.error.wire.message, BODY_FIELDS.get(field, field) if field else param) from None
         except JobFailed as exc:
             if exc.last_error is not None and exc.last_error.overloaded:
                 raise ApiError(429, f"the encoders are overloaded: {exc}", None, "rate_limit_exceeded",
@@ -144,7 +149,7 @@ class Gateway:
         self.authorize(request)
         req = rerank.parse_request(await self.read_json(request), self.rerank_limits)
         name = self.config.rerank_model_name
-        if req.model not in (None, name, "rerank"):
+        if req.model not in (None, name, RERANK):
             raise model_not_found(req.model, [name] if self.backend.reranker_served else [])
         self.require_ready()
         if not self.backend.reranker_served:

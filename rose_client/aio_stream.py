@@ -16,23 +16,29 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from rose_triton.errors import code_name_from_message
+from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, decode
 
 _CLOSE = object()
 
 
 class ReplicaError(RuntimeError):
-    """A chunk failed on a replica (transport error, timeout, error response)."""
+    """A chunk failed on a replica (transport error, timeout, error response); `wire`: the
+    code, field and message the server's text carries (code None when it carries none)."""
 
     def __init__(self, url: str, message: str):
         super().__init__(f"{url}: {message}")
         self.url = url
-        # The server tags errors caused by the request itself (docs/operations.md):
-        # every replica would refuse it the same way, so it is not retried.
-        code = code_name_from_message(message)
-        self.input_rejected = code == "INVALID_ARG"
-        # Admission control refused it (encoder queue or Triton's queue policy full): retry later.
-        self.overloaded = code == "UNAVAILABLE"
+        self.wire: WireError = decode(message)
+
+    @property
+    def input_rejected(self) -> bool:
+        """The request itself is at fault: every replica would refuse it the same way (not retried)."""
+        return self.wire.code == INVALID_ARG
+
+    @property
+    def overloaded(self) -> bool:
+        """Admission control refused it (encoder queue or Triton's queue policy full): retry later."""
+        return self.wire.code == UNAVAILABLE
 
 
 @dataclass(frozen=True)

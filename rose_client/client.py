@@ -7,6 +7,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rose_wire import EMBEDDINGS, ENSEMBLE, TEXT
+
 from .aio import AsyncDispatcher
 from .aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from .chunking import Chunk, plan_chunks
@@ -23,7 +25,7 @@ class EmbeddingClient:
     Request `parameters` (normalize, dimensions, input_type, truncate) pass through.
     Each call runs the asyncio dispatcher (aio.py) on an event loop of its own."""
 
-    def __init__(self, urls: Sequence[str], *, model: str = "ensemble", max_inflight_per_replica: int = 4,
+    def __init__(self, urls: Sequence[str], *, model: str = ENSEMBLE, max_inflight_per_replica: int = 4,
                  max_chunk_tokens: int = 4096, max_chunk_texts: int = 256, max_text_tokens: int | None = None,
                  token_counter: TokenCounter | None = None, request_timeout: float = 300.0,
                  retry: RetryPolicy = RetryPolicy()):
@@ -76,7 +78,7 @@ class EmbeddingClient:
 
         def call(chunk: Chunk) -> Call:
             batch = np.array([t.encode("utf-8") for t in texts[chunk.start:chunk.stop]], dtype=np.object_)
-            return Call(self.model, {"TEXT": batch}, "EMBEDDINGS", parameters or {}, rows=chunk.num_texts)
+            return Call(self.model, {TEXT: batch}, EMBEDDINGS, parameters or {}, rows=chunk.num_texts)
 
         job = self._run(chunks, call, deliver)
         try:

@@ -8,6 +8,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from engine_lib.errors import InputError, InputTooLarge
+from rose_wire import TEXT
 
 
 class TextLimits(Protocol):
@@ -56,7 +57,7 @@ def check_texts(items: Sequence[bytes | str], limits: TextLimits, name: str) -> 
     return texts
 
 
-def decode_texts(raw: np.ndarray, limits: TextLimits, name: str = "TEXT") -> list[str]:
+def decode_texts(raw: np.ndarray, limits: TextLimits, name: str = TEXT) -> list[str]:
     """BYTES tensor -> list of str under the limits (check_texts)."""
     if raw.ndim != 1:
         raise InputError(f"{name} must be a 1-D list of strings, got shape {list(raw.shape)}", name)

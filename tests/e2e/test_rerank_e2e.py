@@ -26,6 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from rose_triton.server import REPO, TritonServer
+from rose_wire import INVALID_ARG, decode
 from testing.embed_clients import embed_stream
 from testing.tiny_rerankers import reference_scores, save_reranker
 
@@ -171,28 +172,29 @@ def test_unary_score_equals_the_stream_with_options_and_keeps_error_codes(served
         assert caught.value.status() == status and "DOCUMENTS[1] is not valid UTF-8" in str(caught.value)
 
 
-BAD = {
-    "empty document list": ([QUERY], [], None, "DOCUMENTS is empty"),
-    "empty document": ([QUERY], ["paris", "  "], None, "DOCUMENTS[1] is empty"),
-    "non-UTF-8 document": ([QUERY], ["paris", b"\xc3\x28 broken"], None, "DOCUMENTS[1] is not valid UTF-8"),
-    "empty query": ([""], ["paris"], None, "QUERY[0] is empty"),
-    "non-UTF-8 query": ([b"\xff"], ["paris"], None, "QUERY[0] is not valid UTF-8"),
-    "two queries": ([QUERY, QUERY], ["paris"], None, "QUERY"),
-    "unknown option": ([QUERY], ["paris"], {"normalize": True}, "unknown request parameter"),
-    "bad raw_scores": ([QUERY], ["paris"], {"raw_scores": "maybe"}, "raw_scores"),
+BAD = {  # inputs, parameters, what the message says, the field on the wire (rose_wire.decode)
+    "empty document list": ([QUERY], [], None, "DOCUMENTS is empty", "DOCUMENTS"),
+    "empty document": ([QUERY], ["paris", "  "], None, "DOCUMENTS[1] is empty", "DOCUMENTS"),
+    "non-UTF-8 document": ([QUERY], ["paris", b"\xc3\x28 broken"], None, "DOCUMENTS[1] is not valid UTF-8",
+                           "DOCUMENTS"),
+    "empty query": ([""], ["paris"], None, "QUERY[0] is empty", "QUERY"),
+    "non-UTF-8 query": ([b"\xff"], ["paris"], None, "QUERY[0] is not valid UTF-8", "QUERY"),
+    "two queries": ([QUERY, QUERY], ["paris"], None, "QUERY", None),  # Triton refuses the shape: its own text
+    "unknown option": ([QUERY], ["paris"], {"normalize": True}, "unknown request parameter", "normalize"),
+    "bad raw_scores": ([QUERY], ["paris"], {"raw_scores": "maybe"}, "raw_scores", "raw_scores"),
 }
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_named_then_good_request_succeeds(served, case):
     _, _, server = served
-    query, docs, params, message = BAD[case]
+    query, docs, params, message, field = BAD[case]
     for call in (lambda: rerank_stream(server, query, docs, params, query_shape=[len(query)]),
                  lambda: score_unary(server, query, docs, params) if len(query) == 1 else
                  rerank_stream(server, query, docs, params, query_shape=[len(query)])):
         with pytest.raises(InferenceServerException) as caught:
             call()
-        assert message in str(caught.value), str(caught.value)
+        assert message in str(caught.value) and decode(str(caught.value)).field == field, str(caught.value)
     assert score_unary(server, [QUERY], ["paris"]).shape == (1,)
 
 
@@ -225,6 +227,7 @@ def test_pre_tokenized_token_types_must_match(served):
     error = errors.get(timeout=60)
     client.stop_stream()
     assert error is not None and "TOKEN_TYPE_IDS" in str(error)
+    assert (decode(str(error)).code, decode(str(error)).field) == (INVALID_ARG, "TOKEN_TYPE_IDS"), str(error)
 
 
 def test_concurrent_embed_and_rerank_nothing_crosses(served):

@@ -10,6 +10,7 @@ from rose_client.aio import AsyncDispatcher, ChunkRefused, JobFailed
 from rose_client.aio_stream import ReplicaError
 from rose_client.chunking import plan_chunks
 from rose_client.scheduling import RetryPolicy
+from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=3, base_cooldown_s=0.01, max_cooldown_s=0.05, max_unavailable_s=0.5)
 
@@ -89,7 +90,7 @@ def test_dead_replica_loses_and_duplicates_nothing():
 
 
 def test_input_refusal_fails_only_that_job_and_at_once():
-    refusing = FakeReplica("a", die_after=0, error="[StatusCode.INVALID_ARGUMENT] invalid input: bad ids")
+    refusing = FakeReplica("a", die_after=0, error=encode(WireError(INVALID_ARG, "bad ids", "INPUT_IDS")))
 
     async def scenario():
         good = FakeReplica("b")
@@ -114,7 +115,8 @@ def test_input_refusal_fails_only_that_job_and_at_once():
 
 
 def test_a_refused_chunk_is_not_retried_on_another_replica():
-    replicas = [FakeReplica(u, die_after=0, error="[StatusCode.INVALID_ARGUMENT] invalid input: TEXT[0] is empty")
+    replicas = [FakeReplica(u, die_after=0,
+                            error=encode(WireError(INVALID_ARG, "TEXT[0] is empty or only whitespace", "TEXT")))
                 for u in "ab"]
     _, results, _ = asyncio.run(run_jobs(replicas, num_jobs=1, num_texts=4))
     assert isinstance(results[0], ChunkRefused) and "TEXT[0] is empty" in str(results[0])
@@ -122,7 +124,7 @@ def test_a_refused_chunk_is_not_retried_on_another_replica():
 
 
 def test_overload_everywhere_fails_with_the_overload_as_last_error():
-    replicas = [FakeReplica(u, die_after=0, error="[StatusCode.UNAVAILABLE] overloaded: queue full") for u in "ab"]
+    replicas = [FakeReplica(u, die_after=0, error=encode(WireError(UNAVAILABLE, "queue full"))) for u in "ab"]
     by_url = {r.url: r for r in replicas}
 
     async def scenario():

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
 from rose_client.scheduling import RetryPolicy
+from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 MODEL = "all-MiniLM-L6-v2"
@@ -242,7 +243,7 @@ def test_api_keys_are_required_when_configured():
 
 def test_encoder_overload_is_429_with_retry_after():
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x"},
-                             replica=FakeReplica("[StatusCode.UNAVAILABLE] overloaded: the queue holds 2048 requests"))
+                             replica=FakeReplica(encode(WireError(UNAVAILABLE, "the queue holds 2048 requests"))))
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert "overloaded" in response.json()["error"]["message"] and len(replica.calls) == 2  # retried once
 
@@ -267,11 +268,24 @@ def test_replica_failing_everywhere_is_503():
 
 
 def test_encoder_refusing_dimensions_is_400_naming_the_field():
-    error = "[StatusCode.INVALID_ARGUMENT] invalid input: parameter 'dimensions' is 999; the model has 384"
+    error = WireError(INVALID_ARG, "parameter 'dimensions' is 999; the model has 384", "dimensions")
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", "dimensions": 999},
-                             replica=FakeReplica(error))
+                             replica=FakeReplica(f"in ensemble 'ensemble', {encode(error)}"))
     assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
+    assert response.json()["error"]["message"] == error.message
     assert len(replica.calls) == 1  # the same everywhere: not retried
+
+
+@pytest.mark.parametrize("path, field, param", [
+    ("/v1/embeddings", "INPUT_IDS", "input"), ("/v1/embeddings", "SEQ_LENS", "input"),
+    ("/v1/embeddings", None, "input"), ("/v1/rerank", "DOCUMENTS", "documents"), ("/v1/rerank", "QUERY", "query"),
+    ("/v1/rerank", "instruction", "instruction"), ("/v1/rerank", None, "documents")])
+def test_a_refused_chunk_names_the_body_field_the_encoder_named(path, field, param):
+    """`param` comes from the field the server sent, translated to the request body's names."""
+    body = {"model": MODEL, "input": "x"} if path == "/v1/embeddings" else {"query": "q", "documents": ["d"]}
+    response, _ = post(path, body, reranker=True, replica=FakeReplica(encode(WireError(INVALID_ARG, "refused", field))))
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert response.json()["error"]["message"] == "refused"
 
 
 def test_rerank_sorts_by_score_with_indexes_over_document_chunks():
