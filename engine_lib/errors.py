@@ -11,6 +11,11 @@ class InputError(ValueError):
         self.field = field
 
 
+class InputTooLarge(InputError):
+    """A request is over a size limit (texts per request, bytes per text or per request): the
+    same invalid input to Triton; the gateway answers it 413 instead of 400."""
+
+
 class OverloadError(RuntimeError):
     """The server refuses new work because its queue is full."""
 

@@ -1,4 +1,6 @@
-"""Per-request options, sent as Triton request parameters; every model parses all."""
+"""Per-request options: the one set of rules for them. The Triton models parse their request
+parameters here and the gateway its JSON fields, so both accept and refuse the same values;
+each refusal is an InputError whose `field` is the option's name."""
 from __future__ import annotations
 
 import json
@@ -14,11 +16,12 @@ def _as_bool(name: str, value) -> bool:
     try:
         return parse_bool(value)
     except ValueError:
-        raise InputError(f"parameter {name!r} must be a boolean, got {value!r}") from None
+        raise InputError(f"parameter {name!r} must be a boolean, got {value!r}", name) from None
 
 
 def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
-    """Request parameters (a JSON string in Triton) as a dict; unknown names refused."""
+    """Request parameters (a JSON string in Triton) as a dict; unknown names refused; a null
+    value is the same as the name left out."""
     if not params or params == "{}":  # most requests: no JSON to parse
         return {}
     if isinstance(params, str):
@@ -28,10 +31,10 @@ def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
             raise InputError("request parameters are not valid JSON") from None
     if not isinstance(params, (dict, type(None))):
         raise InputError(f"request parameters must be a JSON object, got {type(params).__name__}")
-    params = {k: v for k, v in (params or {}).items() if not k.startswith("triton_")}
+    params = {k: v for k, v in (params or {}).items() if not k.startswith("triton_") and v is not None}
     unknown = sorted(set(params) - known)
     if unknown:
-        raise InputError(f"unknown request parameter(s) {unknown}; known: {sorted(known)}")
+        raise InputError(f"unknown request parameter(s) {unknown}; known: {sorted(known)}", unknown[0])
     return params
 
 
@@ -40,19 +43,22 @@ class RequestOptions:
     input_type: str = "document"  # which template prefix the tokenizer applies
     truncate: bool = True          # False: refuse texts longer than the model's maximum
     normalize: bool = True         # L2-normalise each returned row
-    dimensions: int = 0            # Matryoshka: keep the first N dimensions (0 = all)
+    # Matryoshka: keep the first N dimensions. An integer >= 0 (or its ASCII digits); 0 = all.
+    # Above the model's output width the encoder refuses it (service/outputs.py: only it knows the width).
+    dimensions: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict | str | None) -> "RequestOptions":
         params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions"})
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
-            raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}")
+            raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
         dimensions = params.get("dimensions", 0)
         if isinstance(dimensions, str) and dimensions.isascii() and dimensions.isdigit():
             dimensions = int(dimensions)
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 0:
-            raise InputError(f"parameter 'dimensions' must be a non-negative integer, got {dimensions!r}")
+            raise InputError(f"parameter 'dimensions' must be a non-negative integer (0 = all), got {dimensions!r}",
+                             "dimensions")
         return cls(input_type=input_type,
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
@@ -74,9 +80,10 @@ class RerankOptions:
         params = parse_parameters(params, {"truncate", "raw_scores", "instruction"})
         instruction = params.get("instruction", "")
         if not isinstance(instruction, str):
-            raise InputError(f"parameter 'instruction' must be a string, got {instruction!r}")
+            raise InputError(f"parameter 'instruction' must be a string, got {instruction!r}", "instruction")
         if len(instruction) > MAX_INSTRUCTION_CHARS:
-            raise InputError(f"parameter 'instruction' is {len(instruction)} characters; at most {MAX_INSTRUCTION_CHARS}")
+            raise InputError(f"parameter 'instruction' is {len(instruction)} characters; at most {MAX_INSTRUCTION_CHARS}",
+                             "instruction")
         return cls(truncate=_as_bool("truncate", params.get("truncate", True)),
                    raw_scores=_as_bool("raw_scores", params.get("raw_scores", False)),
                    instruction=instruction)

@@ -17,8 +17,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from engine_lib.model_folder import DEFAULT_MODEL
-from rose_client.aio import ChunkRefused
-from rose_client.dispatch import JobFailed
+from rose_client.aio import ChunkRefused, JobFailed
+from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, RERANK, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
 
 from . import embeddings, rerank
 from .backend import Backend
@@ -29,17 +29,21 @@ from .tokenizing import Encoded, GatewayTokenizer
 
 log = logging.getLogger("gateway")
 INLINE_CHARS = 16384  # smaller text inputs are tokenized on the event loop, larger ones in the pool
-MAX_RERANK_DOCUMENTS = 4096
+# The request body's field behind each tensor an encoder may refuse; a refused request
+# parameter (dimensions, truncate, ...) has the same name in the body.
+BODY_FIELDS = {TEXT: "input", INPUT_IDS: "input", SEQ_LENS: "input", QUERY: "query", DOCUMENTS: "documents",
+               TOKEN_TYPE_IDS: "documents"}
 
 
 def json_response(body, status: int = 200) -> Response:
     return Response(body if isinstance(body, bytes) else orjson.dumps(body), status, media_type="application/json")
 
 
-def served_model_name(config: GatewayConfig, model_dir: str) -> str:
+def served_model_name(config: GatewayConfig, model_dir_setting: str, model_dir: str) -> str:
+    """--model-name, else the default model's name, else the folder's name."""
     if config.model_name:
         return config.model_name
-    if config.model_dir in ("", DEFAULT_MODEL):
+    if model_dir_setting in ("", DEFAULT_MODEL):
         return DEFAULT_MODEL_NAME
     return os.path.basename(os.path.normpath(model_dir))
 
@@ -48,7 +52,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.tokenizer = GatewayTokenizer(config.tokenizer_config, config.model_dir)
-        self.model_name = served_model_name(config, self.tokenizer.model_dir)
+        self.model_name = served_model_name(config, self.tokenizer.config.model_dir, self.tokenizer.model_dir)
+        self.rerank_limits = rerank.read_limits(config.rerank_tokenizer_config)
         self.metrics = GatewayMetrics()
         self.backend = Backend(config, self.metrics)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
@@ -106,12 +111,12 @@ class Gateway:
 
     async def _encode(self, req: embeddings.EmbeddingRequest) -> Encoded:
         if req.token_ids is not None:
-            return self.tokenizer.encode_ids(req.token_ids, req.truncate)
+            return self.tokenizer.encode_ids(req.token_ids, req.options.truncate)
         self.tokenizer.check_texts(req.texts)
         if sum(map(len, req.texts)) <= INLINE_CHARS:
-            return self.tokenizer.encode_texts(req.texts, req.input_type, req.truncate)
+            return self.tokenizer.encode_texts(req.texts, req.options)
         return await asyncio.get_running_loop().run_in_executor(
-            self.pool, self.tokenizer.encode_texts, req.texts, req.input_type, req.truncate)
+            self.pool, self.tokenizer.encode_texts, req.texts, req.options)
 
     async def _dispatch(self, request: Request, job, num_tokens: int, param: str = "input"):
         """Run a backend job under the pending-token bound; map its failure to a status.
@@ -130,8 +135,8 @@ class Gateway:
             raise ApiError(499, "the client closed the connection before the answer", None,
                            "client_closed_request") from None
         except ChunkRefused as exc:
-            message = str(exc.error).split("invalid input: ", 1)[-1]
-            raise bad_request(message, "dimensions" if "'dimensions'" in message else param) from None
+            field = exc.error.wire.field
+            raise bad_request(exc.error.wire.message, BODY_FIELDS.get(field, field) if field else param) from None
         except JobFailed as exc:
             if exc.last_error is not None and exc.last_error.overloaded:
                 raise ApiError(429, f"the encoders are overloaded: {exc}", None, "rate_limit_exceeded",
@@ -142,9 +147,9 @@ class Gateway:
 
     async def rerank(self, request: Request) -> Response:
         self.authorize(request)
-        req = rerank.parse_request(await self.read_json(request), MAX_RERANK_DOCUMENTS)
+        req = rerank.parse_request(await self.read_json(request), self.rerank_limits)
         name = self.config.rerank_model_name
-        if req.model not in (None, name, "rerank"):
+        if req.model not in (None, name, RERANK):
             raise model_not_found(req.model, [name] if self.backend.reranker_served else [])
         self.require_ready()
         if not self.backend.reranker_served:

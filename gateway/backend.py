@@ -12,15 +12,13 @@ from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from rose_client.chunking import Chunk, plan_chunks
 from rose_client.replicas import resolve_replicas
 from rose_client.scheduling import RetryPolicy
+from rose_wire import DOCUMENTS, EMBEDDINGS, INPUT_IDS, QUERY, RERANK, ROSE_ENCODER, SCORES, SEQ_LENS
 
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .tokenizing import Encoded
 
 log = logging.getLogger("gateway")
-
-ENCODER = "rose_encoder"
-RERANKER = "rerank"
 
 
 class Backend:
@@ -73,8 +71,8 @@ class Backend:
 
     async def _check_health(self) -> None:
         urls = self.dispatcher.urls
-        ready = await asyncio.gather(*(self._channel(u).is_ready(ENCODER) for u in urls))
-        rerank = await asyncio.gather(*(self._channel(u).is_ready(RERANKER) for u in urls))
+        ready = await asyncio.gather(*(self._channel(u).is_ready(ROSE_ENCODER) for u in urls))
+        rerank = await asyncio.gather(*(self._channel(u).is_ready(RERANK) for u in urls))
         for url, now_ready in zip(urls, ready):
             if self.ready.get(url) != now_ready:
                 log.info("replica %s %s", url, "ready" if now_ready else "not ready")
@@ -110,8 +108,8 @@ class Backend:
 
         def call(chunk: Chunk) -> Call:
             ids = encoded.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
-            return Call(ENCODER, {"INPUT_IDS": ids, "SEQ_LENS": encoded.seq_lens[chunk.start:chunk.stop]},
-                        "EMBEDDINGS", parameters, rows=chunk.num_texts)
+            return Call(ROSE_ENCODER, {INPUT_IDS: ids, SEQ_LENS: encoded.seq_lens[chunk.start:chunk.stop]},
+                        EMBEDDINGS, parameters, rows=chunk.num_texts)
 
         self.metrics.chunks.labels("embeddings").inc(len(chunks))
         parts = await self.dispatcher.run(chunks, call)
@@ -125,7 +123,7 @@ class Backend:
 
         def call(chunk: Chunk) -> Call:
             docs = np.array([d.encode() for d in documents[chunk.start:chunk.stop]], dtype=np.object_)
-            return Call(RERANKER, {"QUERY": query_tensor, "DOCUMENTS": docs}, "SCORES", parameters,
+            return Call(RERANK, {QUERY: query_tensor, DOCUMENTS: docs}, SCORES, parameters,
                         rows=chunk.num_texts)
 
         self.metrics.chunks.labels("rerank").inc(len(chunks))

@@ -1,5 +1,6 @@
 """Gateway settings: one frozen dataclass, built from the command line (and a
-few environment variables the launcher and the container set)."""
+few environment variables of the gateway's own). The tokenizer settings are the
+tokenizer models' config.pbtxt under ROSE_* (rose_triton.parameters)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER_CONFIG = REPO / "model_repository" / "tokenizer" / "config.pbtxt"
+DEFAULT_RERANK_TOKENIZER_CONFIG = REPO / "model_sets" / "rerank" / "rerank_tokenizer" / "config.pbtxt"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # the embedded default model
 
 
@@ -17,9 +19,10 @@ class GatewayConfig:
     triton: tuple[str, ...] = ("127.0.0.1:8001",)  # host:port or dns:///name:port, repeatable
     host: str = "127.0.0.1"
     port: int = 8080
-    model_dir: str = ""                 # "" -> ROSE_MODEL_DIR, else the embedded default
+    model_dir: str = ""                 # "" -> ROSE_MODEL_DIR, else the tokenizer config.pbtxt's
     model_name: str = ""                # the `model` clients send; "" -> from the folder
     tokenizer_config: str = str(DEFAULT_TOKENIZER_CONFIG)
+    rerank_tokenizer_config: str = str(DEFAULT_RERANK_TOKENIZER_CONFIG)  # its limits apply to /v1/rerank
     rerank_model_name: str = "rerank"
     api_keys: frozenset[str] = field(default_factory=frozenset)
     max_inflight_per_replica: int = 4
@@ -58,12 +61,16 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
                         "(repeatable; default 127.0.0.1:8001)")
     p.add_argument("--host", default=GatewayConfig.host)
     p.add_argument("--port", type=int, default=GatewayConfig.port)
-    p.add_argument("--model-dir", default=os.environ.get("ROSE_MODEL_DIR", ""),
-                   help="model folder (the tokenizer's); default ROSE_MODEL_DIR, else the embedded model")
+    p.add_argument("--model-dir", default="",
+                   help="model folder (the tokenizer's); default ROSE_MODEL_DIR, else the tokenizer config's "
+                        "(the embedded model)")
     p.add_argument("--model-name", default=os.environ.get("ROSE_SERVED_MODEL_NAME", ""),
                    help="model name clients send (default: the folder's name; all-MiniLM-L6-v2 embedded)")
     p.add_argument("--tokenizer-config", default=GatewayConfig.tokenizer_config,
-                   help="the tokenizer model's config.pbtxt (prefixes and limits are read there)")
+                   help="the tokenizer model's config.pbtxt (prefixes and limits are read there; ROSE_* "
+                        "overrides apply as for the model)")
+    p.add_argument("--rerank-tokenizer-config", default=GatewayConfig.rerank_tokenizer_config,
+                   help="the rerank_tokenizer model's config.pbtxt (/v1/rerank's limits; ROSE_RERANK_* overrides)")
     p.add_argument("--rerank-model-name", default=os.environ.get("ROSE_RERANK_MODEL_NAME", "rerank"))
     p.add_argument("--api-key-file", default=os.environ.get("ROSE_GATEWAY_API_KEY_FILE"),
                    help="require Authorization: Bearer with one of these keys (also ROSE_GATEWAY_API_KEYS)")
@@ -76,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     return GatewayConfig(
         triton=tuple(args.triton or GatewayConfig.triton), host=args.host, port=args.port,
         model_dir=args.model_dir, model_name=args.model_name, tokenizer_config=args.tokenizer_config,
+        rerank_tokenizer_config=args.rerank_tokenizer_config,
         rerank_model_name=args.rerank_model_name, api_keys=read_api_keys(args.api_key_file),
         max_inflight_per_replica=args.max_inflight_per_replica, max_chunk_attempts=args.max_chunk_attempts,
         max_chunk_tokens=args.max_chunk_tokens,

@@ -1,5 +1,6 @@
 """POST /v1/embeddings: OpenAI's request fields (plus input_type and truncate)
-checked one by one, and the response in float or base64."""
+checked one by one, and the response in float or base64. The options
+(dimensions, input_type, truncate) follow the models' own rules (engine_lib/options.py)."""
 from __future__ import annotations
 
 import base64
@@ -8,9 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from .errors import bad_request
+from engine_lib.errors import InputError
+from engine_lib.options import RequestOptions
 
-FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "input_type", "truncate"}
+from .errors import bad_request, from_input_error
+
+OPTIONS = ("dimensions", "input_type", "truncate")  # RequestOptions fields a client may set here
+FIELDS = {"input", "model", "encoding_format", "user", *OPTIONS}
 MAX_TOKEN_ID = 1 << 62
 
 
@@ -20,16 +25,15 @@ class EmbeddingRequest:
     texts: list[str] | None        # text input, or
     token_ids: list[list[int]] | None  # token-id input
     encoding_format: str = "float"
-    dimensions: int | None = None
-    input_type: str = "document"
-    truncate: bool = True
+    options: RequestOptions = RequestOptions()
 
     @property
     def num_inputs(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids)
 
     def parameters(self) -> dict:
-        return {"dimensions": self.dimensions} if self.dimensions else {}
+        """What the encoder needs (input_type and truncate are applied by the gateway's tokenizer)."""
+        return {"dimensions": self.options.dimensions} if self.options.dimensions else {}
 
 
 def _is_token_id(value) -> bool:
@@ -71,18 +75,13 @@ def parse_request(body: dict) -> EmbeddingRequest:
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
-    dimensions = body.get("dimensions")
-    if dimensions is not None and (not _is_token_id(dimensions) or dimensions < 1):
-        raise bad_request(f"'dimensions' must be a positive integer, got {dimensions!r}", "dimensions")
-    input_type = body.get("input_type") or "document"
-    if input_type not in ("query", "document"):
-        raise bad_request(f"'input_type' must be 'query' or 'document', got {input_type!r}", "input_type")
-    truncate = body.get("truncate", True)
-    if not isinstance(truncate, bool):
-        raise bad_request(f"'truncate' must be true or false, got {truncate!r}", "truncate")
+    try:
+        options = RequestOptions.from_parameters({name: body[name] for name in OPTIONS if name in body})
+    except InputError as exc:
+        raise from_input_error(exc) from None
     if "user" in body and not isinstance(body["user"], (str, type(None))):
         raise bad_request("'user' must be a string", "user")
-    return EmbeddingRequest(model, texts, token_ids, fmt, dimensions, input_type, truncate)
+    return EmbeddingRequest(model, texts, token_ids, fmt, options)
 
 
 def render_response(rows: np.ndarray, model: str, encoding_format: str, num_tokens: int) -> bytes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import orjson
 from starlette.responses import Response
 
+from engine_lib.errors import InputError, InputTooLarge
+
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
          500: "server_error", 503: "service_unavailable"}
@@ -29,6 +31,12 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 
 def too_large(message: str, param: str | None = None) -> ApiError:
     return ApiError(413, message, param, "request_too_large")
+
+
+def from_input_error(exc: InputError, param: str | None = None) -> ApiError:
+    """engine_lib's refusal (option rules, text limits) as the gateway's: 413 past a size
+    limit, else 400; `param` is the error's field unless given."""
+    return (too_large if isinstance(exc, InputTooLarge) else bad_request)(str(exc), param or exc.field)
 
 
 def model_not_found(model: object, served: list[str], extra: str = "") -> ApiError:

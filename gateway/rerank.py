@@ -1,14 +1,23 @@
 """POST /v1/rerank in the Cohere/Jina shape: query, documents, top_n,
-return_documents; results sorted by relevance_score with their index."""
+return_documents; results sorted by relevance_score with their index. The
+options (raw_scores, truncate, instruction) and the text limits are the
+reranker models' own (engine_lib/options.py, engine_lib/tokenization/text_input.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import bad_request, too_large
+from engine_lib.config import PairTokenizerConfig
+from engine_lib.errors import InputError
+from engine_lib.options import RerankOptions
+from engine_lib.tokenization.text_input import TextLimits, check_texts
+from rose_triton.parameters import config_from_pbtxt
 
-FIELDS = {"model", "query", "documents", "top_n", "return_documents", "raw_scores", "truncate", "instruction"}
+from .errors import bad_request, from_input_error
+
+OPTIONS = ("raw_scores", "truncate", "instruction")  # RerankOptions fields, passed on to the reranker
+FIELDS = {"model", "query", "documents", "top_n", "return_documents", *OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -18,19 +27,23 @@ class RerankRequest:
     documents: list[str]
     top_n: int | None
     return_documents: bool
-    parameters: dict
+    parameters: dict  # the options the client set, as RerankOptions read them
+
+
+def read_limits(rerank_tokenizer_config: str) -> PairTokenizerConfig:
+    """The rerank_tokenizer model's settings (its config.pbtxt under ROSE_RERANK_*): its limits apply here."""
+    return config_from_pbtxt(PairTokenizerConfig, rerank_tokenizer_config)
 
 
 def _document_text(i: int, doc) -> str:
     text = doc.get("text") if isinstance(doc, dict) else doc
     if not isinstance(text, str):
         raise bad_request(f"documents[{i}] must be a string or an object with a string 'text'", "documents")
-    if not text.strip():
-        raise bad_request(f"documents[{i}] is empty or only whitespace", "documents")
     return text
 
 
-def parse_request(body: dict, max_documents: int) -> RerankRequest:
+def parse_request(body: dict, limits: TextLimits) -> RerankRequest:
+    """`limits`: the rerank_tokenizer model's (PairTokenizerConfig), over the whole request."""
     unknown = sorted(set(body) - FIELDS)
     if unknown:
         raise bad_request(f"unknown field(s) {unknown}; known: {sorted(FIELDS)}", unknown[0])
@@ -38,29 +51,24 @@ def parse_request(body: dict, max_documents: int) -> RerankRequest:
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise bad_request("'query' is required and must be a non-empty string", "query")
+    if not isinstance(query, str):
+        raise bad_request("'query' is required and must be a string", "query")
     documents = body.get("documents")
     if not isinstance(documents, list) or not documents:
         raise bad_request("'documents' is required and must be a non-empty list", "documents")
-    if len(documents) > max_documents:
-        raise too_large(f"'documents' has {len(documents)} items; at most {max_documents}", "documents")
-    texts = [_document_text(i, d) for i, d in enumerate(documents)]
+    try:
+        check_texts([query], limits, "query")
+        texts = check_texts([_document_text(i, d) for i, d in enumerate(documents)], limits, "documents")
+        options = RerankOptions.from_parameters({name: body[name] for name in OPTIONS if name in body})
+    except InputError as exc:
+        raise from_input_error(exc) from None
     top_n = body.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise bad_request(f"'top_n' must be a positive integer, got {top_n!r}", "top_n")
     return_documents = body.get("return_documents", True)
-    parameters = {}
-    for name in ("return_documents", "raw_scores", "truncate"):
-        if name in body and not isinstance(body[name], bool):
-            raise bad_request(f"'{name}' must be true or false, got {body[name]!r}", name)
-    for name in ("raw_scores", "truncate"):
-        if name in body:
-            parameters[name] = body[name]
-    if "instruction" in body:
-        if not isinstance(body["instruction"], str):
-            raise bad_request("'instruction' must be a string", "instruction")
-        parameters["instruction"] = body["instruction"]
+    if not isinstance(return_documents, bool):
+        raise bad_request(f"'return_documents' must be true or false, got {return_documents!r}", "return_documents")
+    parameters = {name: getattr(options, name) for name in OPTIONS if body.get(name) is not None}
     return RerankRequest(model, query, texts, top_n, return_documents, parameters)
 
 

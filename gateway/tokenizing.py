@@ -1,10 +1,9 @@
 """Texts and token-id inputs -> flat INPUT_IDS + SEQ_LENS, with the tokenizer
 model's own code (engine_lib.tokenization.text) and settings (its config.pbtxt and
-the launcher's ROSE_* overrides), so the ids equal the ensemble path's."""
+the launcher's ROSE_* overrides, read by rose_triton.parameters), so the ids equal
+the ensemble path's, and its request limits (engine_lib.tokenization.text_input)."""
 from __future__ import annotations
 
-import ast
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,32 +13,10 @@ from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
-from rose_triton.parameters import env_overrides
+from engine_lib.tokenization.text_input import check_count, check_texts
+from rose_triton.parameters import config_from_pbtxt
 
-from .errors import bad_request, too_large
-
-_PARAMETER = re.compile(r'key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"\s*\}')
-
-
-def _strip_comment(line: str) -> str:
-    quoted = escaped = False
-    for i, char in enumerate(line):
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char == "#" and not quoted:
-            return line[:i]
-    return line
-
-
-def read_pbtxt_parameters(path: str) -> dict[str, str]:
-    """The `parameters [...]` string values of a config.pbtxt."""
-    with open(path) as f:
-        text = "\n".join(_strip_comment(line) for line in f)
-    return {key: ast.literal_eval(f'"{value}"') for key, value in _PARAMETER.findall(text)}
+from .errors import bad_request, from_input_error
 
 
 @dataclass(frozen=True)
@@ -54,10 +31,8 @@ class Encoded:
 
 class GatewayTokenizer:
     def __init__(self, tokenizer_config: str, model_dir: str = ""):
-        overrides = env_overrides(TokenizerConfig)
-        if model_dir:
-            overrides["model_dir"] = model_dir
-        self.config = TokenizerConfig.from_parameters(read_pbtxt_parameters(tokenizer_config), **overrides)
+        """`model_dir` (--model-dir) over ROSE_MODEL_DIR over the config.pbtxt's."""
+        self.config = config_from_pbtxt(TokenizerConfig, tokenizer_config, model_dir=model_dir or None)
         folder = ModelFolder.open(self.config.model_dir)
         self.model_dir = folder.path
         self.text = TextTokenizer(folder, self.config)
@@ -67,31 +42,24 @@ class GatewayTokenizer:
 
     def check_texts(self, texts: list[str]) -> None:
         """The tokenizer model's limits, as HTTP statuses (size -> 413, content -> 400)."""
-        cfg = self.config
-        if len(texts) > cfg.max_texts_per_request:
-            raise too_large(f"input has {len(texts)} items; at most {cfg.max_texts_per_request}", "input")
-        total = 0
-        for i, text in enumerate(texts):
-            size = len(text.encode("utf-8", "surrogatepass"))
-            if size > cfg.max_text_bytes:
-                raise too_large(f"input[{i}] is {size} bytes; at most {cfg.max_text_bytes}", "input")
-            total += size
-            if not text.strip():
-                raise bad_request(f"input[{i}] is empty or only whitespace", "input")
-        if total > cfg.max_request_bytes:
-            raise too_large(f"input holds {total} bytes of text; at most {cfg.max_request_bytes}", "input")
-
-    def encode_texts(self, texts: list[str], input_type: str, truncate: bool) -> Encoded:
         try:
-            input_ids, seq_lens = self.text.encode(texts, RequestOptions(input_type=input_type, truncate=truncate))
+            check_texts(texts, self.config, "input")
+        except InputError as exc:
+            raise from_input_error(exc) from None
+
+    def encode_texts(self, texts: list[str], options: RequestOptions) -> Encoded:
+        try:
+            input_ids, seq_lens = self.text.encode(texts, options)
         except InputError as exc:
             raise bad_request(str(exc).replace("TEXT[", "input["), "input") from None
         return Encoded(input_ids, seq_lens)
 
     def encode_ids(self, inputs: list[list[int]], truncate: bool) -> Encoded:
         """Token-id inputs go to the encoder as given (no template, no special tokens)."""
-        if len(inputs) > self.config.max_texts_per_request:
-            raise too_large(f"input has {len(inputs)} items; at most {self.config.max_texts_per_request}", "input")
+        try:
+            check_count(len(inputs), self.config, "input", "token-id inputs")
+        except InputError as exc:
+            raise from_input_error(exc) from None
         rows = []
         for i, ids in enumerate(inputs):
             if not ids:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -11,20 +12,9 @@ import tempfile
 from pathlib import Path
 
 from . import lineup, machine, report, runner
-from .profiles import PROFILES
+from .profiles import PROFILES, RUNNERS, select
 
 REPO = lineup.REPO
-
-
-def model_info(model_dir: str | None) -> dict:
-    from engine_lib.model_folder import ModelFolder
-
-    folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
-    path, config = folder.path, folder.config
-    name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
-    return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
-            "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                              "num_attention_heads") if k in config}}
 
 
 def start_targets(names: list[str], args, model: dict, stack) -> tuple[dict, str | None]:
@@ -106,44 +96,12 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(f"stopped by signal {signum}")  # so the finally below stops every server it started
 
 
-def cmd_overhead(args) -> None:
-    from .overhead import report as overhead_report
-    from .overhead.run import Settings, run
-
-    desc = machine.describe()
-    out_dir = Path(args.out) if args.out else REPO / "perf" / "results" / machine.slug(desc)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_json = out_dir / "overhead.json"
-    settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
-    if args.cells:  # for this profile: the client paths to measure
-        settings = settings.only(args.cells.split(","))
-    if args.quiet_wait:
-        runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
-    results = run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc,
-                  args.variant or [])
-    out_json.with_suffix(".md").write_text(overhead_report.markdown(results))
-    if not args.no_plots:
-        plot(out_json)
-    runner.log(f"wrote {out_json} and {out_json.with_suffix('.md')}")
-    print(overhead_report.markdown(results))
-
-
-def cmd_run(args) -> None:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    if args.profile == "overhead":
-        return cmd_overhead(args)
-    profile = PROFILES[args.profile]
+def run_cells(args, profile, out_json: Path, desc: dict) -> dict:
+    """A profile of cells: every target (ours served, peers) on the same requests, checked, then timed."""
     names = args.targets.split(",") if args.targets else list(profile.default_targets)
-    cells = [c.scaled(args.scale) if args.scale != 1 else c for c in profile.cells
-             if not args.cells or c.key in args.cells.split(",")]
-    model = model_info(args.model_dir)
-    desc = machine.describe()
-    out_dir = Path(args.out) if args.out else REPO / "perf" / "results" / machine.slug(desc)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_json = out_dir / f"{profile.name}.json"
+    cells = select(profile.cells, args.cells, args.scale)
+    model = lineup.model_info(args.model_dir)
     runner.log(f"profile {profile.name}: {len(cells)} cells, targets {names} -> {out_json}")
-    if args.quiet_wait:
-        runner.log(f"machine busy: {machine.wait_until_quiet(args.quiet_busy, args.quiet_wait):.0%} of all cores")
     gemm = machine.gemm_flops() if not args.no_gemm else None
     if gemm:
         runner.log(f"GEMM: {gemm['flops_per_s'] / 1e9:.1f} GFLOP/s ({gemm['dtype']}, n={gemm['n']})")
@@ -159,28 +117,50 @@ def cmd_run(args) -> None:
         if gemm:  # again at the end; the better reading is the less disturbed one
             again = machine.gemm_flops()
             results["gemm"] = max(gemm, again, key=lambda g: g["flops_per_s"])
-        out_json.write_text(json.dumps(results, indent=1))
     finally:
         for stop in reversed(stack):
             try:
                 stop()
             except Exception as exc:  # shutting down: report, keep closing the rest
                 runner.log(f"while stopping: {exc}")
-    out_json.with_suffix(".md").write_text(report.markdown(results))
+    return results
+
+
+def cmd_run(args) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    desc = machine.describe()
+    out_dir = Path(args.out) if args.out else REPO / "perf" / "results" / machine.slug(desc)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_json = out_dir / f"{args.profile}.json"
+    if args.quiet_wait:
+        desc["cpu_busy_before"] = machine.wait_until_quiet(args.quiet_busy, args.quiet_wait)
+        runner.log(f"machine busy: {desc['cpu_busy_before']:.0%} of all cores")
+    if args.profile in RUNNERS:
+        results = importlib.import_module(RUNNERS[args.profile]).measure(args, out_json, desc)
+    else:
+        results = run_cells(args, PROFILES[args.profile], out_json, desc)
+    out_json.write_text(json.dumps(results, indent=1))
+    text = report.markdown(results)
+    out_json.with_suffix(".md").write_text(text)
     if not args.no_plots:
         plot(out_json)
     runner.log(f"wrote {out_json} and {out_json.with_suffix('.md')}")
-    print(report.markdown(results))
+    print(text)
+    if results.get("ok") is False:
+        raise SystemExit(f"profile {args.profile}: its checks failed (see {out_json})")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a profile against ours and peers")
-    run.add_argument("--profile", choices=sorted([*PROFILES, "overhead"]), default="cpu",
-                     help="overhead: the server's own cost per request (perf/overhead/, docs/benchmarks.md)")
+    run.add_argument("--profile", choices=sorted([*PROFILES, *RUNNERS]), default="cpu",
+                     help="cells against served targets (perf/profiles.py) or in-process runs: overhead (the "
+                          "server's own cost per request), engine-cpu, gpu-served, gpu-latency (docs/benchmarks.md)")
     run.add_argument("--targets", help=f"comma list (default: the profile's); known: {','.join(lineup.LABELS)}")
     run.add_argument("--cells", help="comma list of cell keys (default: all); overhead profile: client paths")
+    run.add_argument("--dry-run", action="store_true",
+                     help="gpu-served, gpu-latency: a tiny model on CPU, small sizes (checks the profile itself; CI)")
     run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
     run.add_argument("--gateway-url", help="use a running gateway (e.g. http://127.0.0.1:8080) for target gateway")
@@ -205,19 +185,17 @@ def main(argv=None) -> None:
     readme = sub.add_parser("readme", help="regenerate README's Performance table from results JSON files")
     readme.add_argument("json", type=Path, nargs="+")
     args = parser.parse_args(argv)
+    if args.command == "run" and args.dry_run and not args.profile.startswith("gpu-"):
+        parser.error("--dry-run is for the gpu-served and gpu-latency profiles")
     if args.command == "run":
         cmd_run(args)
     elif args.command == "setup":
         from .setup_peers import setup as do_setup
 
-        do_setup(args.name, model_info(args.model_dir)["dir"])
+        do_setup(args.name, lineup.model_info(args.model_dir)["dir"])
     elif args.command == "report":
         results = json.loads(args.json.read_text())
-        if results["profile"] == "overhead":
-            from .overhead.report import markdown
-        else:
-            markdown = report.markdown
-        args.json.with_suffix(".md").write_text(markdown(results))
+        args.json.with_suffix(".md").write_text(report.markdown(results))
         plot(args.json)
     elif args.command == "readme":
         report.update_readme(REPO / "README.md", report.readme_section([p.resolve() for p in args.json], REPO))

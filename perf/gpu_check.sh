@@ -2,15 +2,16 @@
 # One prepared GPU session (one device call, under 8 minutes; docs/benchmarks.md has the command):
 #  1. GPU tests (pytest -m gpu): graph replay == eager, a failed capture restores the stream,
 #     varlen/FlashInfer == SDPA on strided GQA q/k/v, bf16 within cosine 0.999 of fp32;
-#  2. the served path (perf/gpu_served.py): build_encoder as the Triton model does it (bf16,
-#     graphs, max_batch_tokens=auto, self-check), threads submitting concurrent mixed-length
-#     requests checked row by row against fp32 eager, the seed's scenarios 1-3 through the
-#     Encoder, graph counters;
-#  3. the seed's low-latency scenario engine-only (perf/gpu_latency.py): eager vs graphs vs HF.
+#  2. the harness's gpu-served profile (perf/engine/served.py): build_endpoint as the Triton model
+#     does it (bf16, graphs, max_batch_tokens=auto, self-check), threads submitting concurrent
+#     mixed-length requests checked row by row against fp32 eager, the seed's scenarios 1-3
+#     through the Endpoint, graph counters;
+#  3. the gpu-latency profile (perf/engine/latency.py): the seed's low-latency scenario engine-only,
+#     graphs vs eager vs HF transformers.
 # Random-weight Qwen3-Embedding-0.6B-shaped model throughout (no downloads on that machine).
 #   perf/gpu_check.sh [--dry-run] [--out DIR]
-# Results: DIR (default perf/results/<date>-<gpu>/): gpu_served.json/.md (the harness's format,
-# for `python -m perf readme`), latency.json, gpu_tests.log/.xml, summary.txt.
+# Results: DIR (default perf/results/<date>-<gpu>-<cores>c/): gpu-served.json/.md and
+# gpu-latency.json/.md (for `python -m perf readme`), gpu_tests.log/.xml, summary.txt.
 # --dry-run: CPU only, tiny model, small sizes (CI); writes to a temporary folder unless --out.
 # FlashInfer is not installed by this script: give it its own call (docs/benchmarks.md).
 # PYTHON selects the interpreter (default python3).
@@ -27,27 +28,28 @@ while [[ $# -gt 0 ]]; do
     *) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [[ -z "$OUT_DIR" ]]; then
-  if [[ "$DRY_RUN" == 1 ]]; then
-    OUT_DIR="$(mktemp -d -t gpu_check_dry.XXXXXX)"  # a dry run never writes into perf/results/
-  else
-    slug="$("$PYTHON" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-"))' 2>/dev/null || echo gpu)"
-    OUT_DIR="$ROOT/perf/results/$(date -u +%Y-%m-%d)-$slug"
-  fi
-fi
-mkdir -p "$OUT_DIR"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || true)}"
 cd "$ROOT"
+if [[ -z "$OUT_DIR" ]]; then
+  if [[ "$DRY_RUN" == 1 ]]; then
+    OUT_DIR="$(mktemp -d -t gpu_check_dry.XXXXXX)"  # a dry run never writes into perf/results/
+  else
+    OUT_DIR="$ROOT/perf/results/$("$PYTHON" -c 'from perf import machine; print(machine.slug(machine.describe()))')"
+  fi
+fi
+mkdir -p "$OUT_DIR"
 log() { echo "[gpu_check] $*" | tee -a "$OUT_DIR/summary.txt" >&2; }
 log "results in $OUT_DIR"
+# A harness profile follows; its own checks decide the exit status. No quiet wait or plots here.
+PROFILE=("$PYTHON" -m perf run --out "$OUT_DIR" --quiet-wait 0 --no-plots --profile)
 
 if [[ "$DRY_RUN" == 1 ]]; then
   log "dry run on CPU: $("$PYTHON" -c 'import torch; print("torch", torch.__version__)')"
-  "$PYTHON" -m perf.gpu_served --dry-run --out "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt"
+  "${PROFILE[@]}" gpu-served --dry-run 2>&1 | tee -a "$OUT_DIR/summary.txt"
   served=${PIPESTATUS[0]}
-  "$PYTHON" -m perf.gpu_latency --dry-run --out "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt"
+  "${PROFILE[@]}" gpu-latency --dry-run 2>&1 | tee -a "$OUT_DIR/summary.txt"
   latency=${PIPESTATUS[0]}
   log "dry run exit statuses: served $served, latency $latency"
   [[ $served == 0 && $latency == 0 ]]
@@ -73,13 +75,13 @@ else
   tests_status=3
 fi
 
-log "served path (Encoder + EncoderService + CUDA engine with graphs)"
-timeout 200 "$PYTHON" -m perf.gpu_served --out "$OUT_DIR" 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+log "served path (Endpoint + BatchingService + CUDA engine with graphs): profile gpu-served"
+timeout 200 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 served_status=${PIPESTATUS[0]}
 log "served exit status $served_status"
 
-log "low-latency scenario, engine only (eager vs graphs vs HF transformers)"
-timeout 90 "$PYTHON" -m perf.gpu_latency --out "$OUT_DIR" --iters 100 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+log "low-latency scenario, engine only (graphs vs eager vs HF transformers): profile gpu-latency"
+timeout 90 "${PROFILE[@]}" gpu-latency --scale 0.5 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 latency_status=${PIPESTATUS[0]}
 log "latency exit status $latency_status"
 [[ $tests_status == 0 && $served_status == 0 && $latency_status == 0 ]]

@@ -25,6 +25,18 @@ LABELS = {
 }
 
 
+def model_info(model_dir: str | None) -> dict:
+    """The model under test: its folder, a name for the results, its limits and sizes."""
+    from engine_lib.model_folder import ModelFolder
+
+    folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
+    path, config = folder.path, folder.config
+    name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
+    return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
+            "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads") if k in config}}
+
+
 class ServedTarget:
     """A server reached through client specs; load cells use one client process per concurrent client."""
     in_process = False

@@ -60,7 +60,7 @@ def describe() -> dict:
         pass
     isa = [f for f in ("avx2", "avx512f", "amx_tile") if f" {f}" in flags]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(__file__)).stdout.strip()
+                            cwd=os.path.dirname(__file__)).stdout.strip() or os.environ.get("GIT_COMMIT", "")
     return {
         "cpu": cpu_model(), "cpu_isa": isa, "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": _mem_gib(), "gpu": gpu_model(),
@@ -105,12 +105,18 @@ def gemm_flops(seconds: float = 3.0) -> dict:
     return best
 
 
-def bert_flops_per_token(config: dict, seq_len: float) -> float:
-    """Forward FLOPs per token of a BERT encoder: dense layers + attention scores/values."""
+def flops_per_token(config: dict, seq_len: float) -> float:
+    """Forward FLOPs per token: every projection GEMM plus attention scores and values (causal: half).
+    `config`: the HF config's sizes; grouped-query heads and Qwen3's gated MLP when it says model_type qwen3."""
     hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    dense = 2 * layers * (4 * hidden * hidden + 2 * hidden * inter)
-    attention = 2 * layers * 2 * hidden * seq_len
-    return float(dense + attention)
+    heads = config.get("num_attention_heads", 1)  # without it (or head_dim): full-width attention, as BERT's
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    gated = config.get("model_type") == "qwen3"
+    dense = 2 * (hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+                 + (3 if gated else 2) * hidden * inter)
+    attention = 2 * 2 * heads * head_dim * seq_len * (0.5 if gated else 1.0)
+    return float(layers * (dense + attention))
 
 
 def _cpu_times() -> tuple[int, int]:

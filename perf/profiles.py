@@ -1,4 +1,5 @@
-"""The seed's four scenarios as profiles: `seed` (GPU numbers), `cpu` (scaled), `served-vs-st` (the served ensemble against sentence-transformers in-process)."""
+"""Every profile of `python -m perf run`: cells against served targets (`PROFILES`: `seed` with the seed's
+GPU numbers, `cpu` scaled, `served-vs-st`, `gateway`), and profiles run by their own module (`RUNNERS`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,6 +42,17 @@ class Cell:
 
         return replace(self, num_requests=max(10, int(self.num_requests * factor)),
                        max_seconds=self.max_seconds * factor, duration_s=max(3.0, self.duration_s * factor))
+
+    def entry(self, results: dict | None = None) -> dict:
+        """The cell as the results JSON records it, with its results per target."""
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "label": self.label,
+                "results": results if results is not None else {}}
+
+
+def select(cells, keys: str | None, scale: float) -> list[Cell]:
+    """The cells `--cells` names (all without it), scaled by `--scale`."""
+    wanted = keys.split(",") if keys else None
+    return [c.scaled(scale) if scale != 1 else c for c in cells if wanted is None or c.key in wanted]
 
 
 @dataclass(frozen=True)
@@ -123,4 +135,13 @@ PROFILES = {
                "text in it also tokenizes (and skips the ensemble's tokenizer hop).",
                "vLLM and Infinity join with --targets rose,gateway,vllm,infinity (their own OpenAI endpoints).",
                "On a 2-core machine the server, the gateway and the client processes share the same cores.")),
+}
+
+# Profiles run by their own module, `measure(args, out_json, machine) -> results` (the same results format,
+# rendered by perf/report.py), instead of cells against served targets.
+RUNNERS = {
+    "overhead": "perf.overhead.run",     # the server's own cost per request, next to a near-free model
+    "engine-cpu": "perf.engine.cpu",     # ModelRunner.step vs ONNX Runtime; model FLOP/s vs GEMM, no server
+    "gpu-served": "perf.engine.served",  # Endpoint + BatchingService + CUDA graphs under concurrent load
+    "gpu-latency": "perf.engine.latency",  # batch 1: graphs vs eager vs HF transformers
 }

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_lib.runner.self_check import MIN_COSINE
+
 from .machine import wait_until_quiet
 from .measure import latency_stats
 from .profiles import Cell, Profile
 from .scoring import MAX_SCORE_DIFF, check_scores
 from .texts import TextMaker
-
-MIN_COSINE = 0.999  # the seed's 0.1% divergence check
 
 
 def log(message: str) -> None:
@@ -106,7 +106,7 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
         results["reranker"] = scoring["info"]
     for number, cell in enumerate(cells, 1):
         log(f"cell {number}/{len(cells)} [{cell.scenario}] {cell.label}")
-        entry = {**{k: getattr(cell, k) for k in cell.__dataclass_fields__}, "label": cell.label, "results": {}}
+        entry = cell.entry()
         cell_targets, limit = targets, model["max_positions"]
         if cell.task == "score":
             if scoring is None:

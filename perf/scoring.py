@@ -1,17 +1,15 @@
 """The seed's scoring scenario on a reranker: a query and N documents, pre-tokenized pairs, scores back.
 
 Ours: the pairs' ids (+ segment ids) streamed to `rerank_encoder` (the server
-runs with --rerank-model-dir). Peer: sentence-transformers' CrossEncoder.predict
-in-process on the same pairs. Every warm-up score is checked against
+runs with --rerank-model-dir) by perf/targets.py's RoseStream. Peer: sentence-transformers'
+CrossEncoder.predict in-process on the same pairs. Every warm-up score is checked against
 CrossEncoder (within MAX_SCORE_DIFF) before timing.
 """
 from __future__ import annotations
 
-import queue
 import random
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,37 +18,6 @@ from .texts import Request, TextMaker
 
 MAX_SCORE_DIFF = 1e-3  # probabilities
 QUERY_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class RerankStream:
-    """Ours: gRPC streaming of pre-tokenized pairs to `rerank_encoder` -> SCORES [N]."""
-    grpc_url: str
-    timeout: float = 600.0
-
-    def connect(self):
-        import tritonclient.grpc as grpcclient
-
-        client = grpcclient.InferenceServerClient(self.grpc_url)
-        results: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-
-        def tensor(name, values):
-            t = grpcclient.InferInput(name, [values.size], "INT64")
-            t.set_data_from_numpy(values)
-            return t
-
-        def call(request: Request) -> np.ndarray:
-            inputs = [tensor("INPUT_IDS", request.input_ids), tensor("SEQ_LENS", request.seq_lens)]
-            if request.token_types is not None:
-                inputs.append(tensor("TOKEN_TYPE_IDS", request.token_types))
-            client.async_stream_infer("rerank_encoder", inputs)
-            result, error = results.get(timeout=self.timeout)
-            if error is not None:
-                raise RuntimeError(f"rose rerank: {error}")
-            return result.as_numpy("SCORES")
-
-        return call
 
 
 class PairRequests:
@@ -104,10 +71,11 @@ def score_targets(names: list[str], grpc_url: str | None, model_dir: str, max_le
     """The reranker targets for score cells, under the names of the embedding targets they stand for."""
     from .lineup import InprocTarget, ServedTarget
     from .machine import versions
+    from .targets import RoseStream
 
     targets = {}
-    if "rose" in names and grpc_url:
-        spec = RerankStream(grpc_url)
+    if "rose" in names and grpc_url:  # pre-tokenized pairs (+ segment ids) to `rerank_encoder` -> SCORES [N]
+        spec = RoseStream(grpc_url, pre_tokenized=True, model="rerank_encoder", output="SCORES")
         targets["rose"] = ServedTarget("rose", spec, spec, versions(["nvidia-pytriton", "tritonclient", "torch"]))
     if "st" in names:
         targets["st"] = InprocTarget("st", sys.executable, "ce", model_dir, max_length)

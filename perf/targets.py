@@ -25,11 +25,13 @@ def _text_array(texts) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RoseStream:
-    """Ours: gRPC streaming on `ensemble` (text in) or `rose_encoder` (token ids in); `model` overrides."""
+    """Ours: gRPC streaming on `ensemble` (text in) or `rose_encoder` (token ids in, + segment ids for
+    reranker pairs); `model` overrides, `output` names the result tensor (SCORES for `rerank_encoder`)."""
     grpc_url: str
     pre_tokenized: bool = False
     timeout: float = 600.0
     model: str = ""
+    output: str = "EMBEDDINGS"
 
     def connect(self):
         import tritonclient.grpc as grpcclient
@@ -38,21 +40,24 @@ class RoseStream:
         results: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: results.put((result, error)))
 
+        def tensor(name, values, datatype="INT64"):
+            t = grpcclient.InferInput(name, [len(values)], datatype)
+            t.set_data_from_numpy(values)
+            return t
+
         def call(request: Request) -> np.ndarray:
             if self.pre_tokenized:
-                ids = grpcclient.InferInput("INPUT_IDS", [request.input_ids.size], "INT64")
-                ids.set_data_from_numpy(request.input_ids)
-                lens = grpcclient.InferInput("SEQ_LENS", [request.seq_lens.size], "INT64")
-                lens.set_data_from_numpy(request.seq_lens)
-                client.async_stream_infer(self.model or "rose_encoder", [ids, lens])
+                inputs = [tensor("INPUT_IDS", request.input_ids), tensor("SEQ_LENS", request.seq_lens)]
+                if request.token_types is not None:
+                    inputs.append(tensor("TOKEN_TYPE_IDS", request.token_types))
+                client.async_stream_infer(self.model or "rose_encoder", inputs)
             else:
-                text = grpcclient.InferInput("TEXT", [len(request.texts)], "BYTES")
-                text.set_data_from_numpy(_text_array(request.texts))
-                client.async_stream_infer(self.model or "ensemble", [text])
+                client.async_stream_infer(self.model or "ensemble",
+                                          [tensor("TEXT", _text_array(request.texts), "BYTES")])
             result, error = results.get(timeout=self.timeout)
             if error is not None:
                 raise RuntimeError(f"rose: {error}")
-            return result.as_numpy("EMBEDDINGS")
+            return result.as_numpy(self.output)
 
         return call
 

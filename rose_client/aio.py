@@ -1,23 +1,32 @@
-"""Asyncio dispatcher for a long-lived service (the gateway): persistent slot
-workers per replica pull chunks of every job from one FCFS queue, so the
-in-flight bound per replica holds across all requests. Same queueing and retry
-rules as the threaded Dispatcher (scheduling.py)."""
+"""Run chunks over replicas with asyncio, for the gateway and the bulk client
+alike: persistent slot workers per replica pull chunks of every job from one
+FCFS queue, so the in-flight bound per replica holds across all jobs; failed
+chunks are retried on another replica (rules in scheduling.py).
+
+A replica that failed is probed for health before it takes new work, so a dead
+replica delays chunks but does not use up their attempts.
+"""
 from __future__ import annotations
 
 import asyncio
 import time
 from typing import Any, Callable, Protocol, Sequence
 
+from .aio_stream import ReplicaError
 from .chunking import Chunk
-from .dispatch import JobFailed
 from .scheduling import RetryPolicy, Task, TaskQueue, describe
-from .stream import ReplicaError
 
 
 class AsyncSlot(Protocol):
     async def call(self, payload: Any) -> Any: ...
     async def is_ready(self) -> bool: ...
     async def close(self) -> None: ...
+
+
+class JobFailed(RuntimeError):
+    """The job cannot finish: a chunk failed too often, or no replica answers."""
+
+    last_error: ReplicaError | None = None  # the last replica error behind it, when known
 
 
 class ChunkRefused(JobFailed):
@@ -29,18 +38,27 @@ class ChunkRefused(JobFailed):
 
 
 class _Job:
-    def __init__(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any]):
+    def __init__(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
+                 on_result: Callable[[Chunk, Any], None] | None):
         self.payload_of = payload_of
+        self.on_result = on_result
         self.results: dict[int, Any] = {}
         self.expected = len(chunks)
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.last_error: ReplicaError | None = None
 
     def deliver(self, chunk: Chunk, result: Any) -> None:
-        if not self.done.done() and chunk.index not in self.results:
-            self.results[chunk.index] = result
-            if len(self.results) == self.expected:
-                self.done.set_result(None)
+        if self.done.done() or chunk.index in self.results:
+            return
+        self.results[chunk.index] = result if self.on_result is None else None
+        if self.on_result is not None:
+            try:
+                self.on_result(chunk, result)
+            except Exception as exc:  # the caller's callback failed: so does its job
+                self.done.set_exception(exc)
+                return
+        if len(self.results) == self.expected:
+            self.done.set_result(None)
 
     def fail(self, error: JobFailed) -> None:
         if not self.done.done():
@@ -50,7 +68,8 @@ class _Job:
 
 class AsyncDispatcher:
     """`await run(chunks, payload_of)` -> results in chunk order; raises JobFailed
-    (`.last_error`: the last ReplicaError seen by the job, or None)."""
+    (`.last_error`: the last ReplicaError seen by the job, or None). With `on_result`,
+    each chunk's result goes there once, as it arrives, and is not kept."""
 
     def __init__(self, urls: Sequence[str], slot_factory: Callable[[str], AsyncSlot],
                  max_inflight_per_replica: int = 4, retry: RetryPolicy = RetryPolicy(),
@@ -97,10 +116,11 @@ class AsyncDispatcher:
         await asyncio.gather(*workers, return_exceptions=True)
         self._workers.clear()
 
-    async def run(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any]) -> list[Any]:
+    async def run(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
+                  on_result: Callable[[Chunk, Any], None] | None = None) -> list[Any]:
         if not chunks:
             return []
-        job = _Job(chunks, payload_of)
+        job = _Job(chunks, payload_of, on_result)
         self.tasks.push(Task(c, job) for c in chunks)
         self._wake(len(chunks))
         try:

@@ -1,6 +1,10 @@
-"""One asyncio gRPC stream to one replica, one request outstanding at a time
-(Triton's stream errors carry no request id; see stream.py). A replica's slots
-share one channel (`ReplicaChannel`)."""
+"""One asyncio gRPC stream to one replica, carrying at most one request at a time.
+
+Triton's stream callback reports an error without the request id, so a stream
+is only unambiguous with a single request outstanding: a replica gets several
+slots (streams) instead of several requests on one stream. A replica's slots
+share one channel (`ReplicaChannel`).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +16,29 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from .stream import ReplicaError
+from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, decode
 
 _CLOSE = object()
+
+
+class ReplicaError(RuntimeError):
+    """A chunk failed on a replica (transport error, timeout, error response); `wire`: the
+    code, field and message the server's text carries (code None when it carries none)."""
+
+    def __init__(self, url: str, message: str):
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.wire: WireError = decode(message)
+
+    @property
+    def input_rejected(self) -> bool:
+        """The request itself is at fault: every replica would refuse it the same way (not retried)."""
+        return self.wire.code == INVALID_ARG
+
+    @property
+    def overloaded(self) -> bool:
+        """Admission control refused it (encoder queue or Triton's queue policy full): retry later."""
+        return self.wire.code == UNAVAILABLE
 
 
 @dataclass(frozen=True)

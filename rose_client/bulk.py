@@ -12,10 +12,13 @@ import argparse
 import os
 import sys
 
+from rose_wire import ENSEMBLE
+
+from .aio import JobFailed
 from .chunking import plan_fingerprint
 from .client import EmbeddingClient
-from .dispatch import JobFailed, RetryPolicy
 from .inputs import read_input
+from .scheduling import RetryPolicy
 from .store import ResumableOutput, ResumeMismatch
 from .tokens import ByteEstimator, TokenizerCounter
 
@@ -29,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--format", choices=("auto", "text", "jsonl"), default="auto")
     p.add_argument("--text-field", default="text")
     p.add_argument("--id-field", default="id")
-    p.add_argument("--model", default="ensemble")
+    p.add_argument("--model", default=ENSEMBLE)
     p.add_argument("--input-type", choices=("document", "query"), default="document")
     p.add_argument("--dimensions", type=int, default=0, help="keep the first N dimensions (0 = all)")
     p.add_argument("--no-normalize", action="store_true")

@@ -1,14 +1,19 @@
 """EmbeddingClient: embed any number of texts over a list of replicas."""
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
 
+from rose_wire import EMBEDDINGS, ENSEMBLE, TEXT
+
+from .aio import AsyncDispatcher
+from .aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from .chunking import Chunk, plan_chunks
-from .dispatch import Dispatcher, RetryPolicy
 from .replicas import resolve_replicas
-from .stream import StreamSlot
+from .scheduling import RetryPolicy
 from .tokens import ByteEstimator, TokenCounter
 
 ProgressCallback = Callable[[int, int], None]  # (texts done, texts in the job)
@@ -17,9 +22,10 @@ ProgressCallback = Callable[[int, int], None]  # (texts done, texts in the job)
 class EmbeddingClient:
     """Splits a job into token-sized chunks, spreads them over the replicas (gRPC
     streaming on `model`), retries failures elsewhere, returns rows in input order.
-    Request `parameters` (normalize, dimensions, input_type, truncate) pass through."""
+    Request `parameters` (normalize, dimensions, input_type, truncate) pass through.
+    Each call runs the asyncio dispatcher (aio.py) on an event loop of its own."""
 
-    def __init__(self, urls: Sequence[str], *, model: str = "ensemble", max_inflight_per_replica: int = 4,
+    def __init__(self, urls: Sequence[str], *, model: str = ENSEMBLE, max_inflight_per_replica: int = 4,
                  max_chunk_tokens: int = 4096, max_chunk_texts: int = 256, max_text_tokens: int | None = None,
                  token_counter: TokenCounter | None = None, request_timeout: float = 300.0,
                  retry: RetryPolicy = RetryPolicy()):
@@ -32,7 +38,7 @@ class EmbeddingClient:
         self.token_counter = token_counter or ByteEstimator()
         self.request_timeout = request_timeout
         self.retry = retry
-        self.last_dispatcher: Dispatcher | None = None  # per-replica counts of the last job
+        self.last_dispatcher: AsyncDispatcher | None = None  # per-replica counts of the last job
 
     def plan(self, texts: Sequence[str]) -> list[Chunk]:
         _check_texts(texts)
@@ -57,9 +63,10 @@ class EmbeddingClient:
             parameters: dict | None = None, on_progress: ProgressCallback | None = None,
             texts_done: int = 0) -> None:
         """Embed `chunks` (a subset of a plan, e.g. what a resumed job still lacks);
-        `on_chunk` gets each chunk's rows once, in completion order, in this thread."""
-        dispatcher = Dispatcher(self.urls, self._slot, self.max_inflight_per_replica, self.retry)
-        self.last_dispatcher = dispatcher
+        `on_chunk` gets each chunk's rows once, in completion order, on one thread: this
+        one, or a helper thread when this one already runs an event loop (a notebook)."""
+        if not chunks:
+            return
         total, done = texts_done + sum(c.num_texts for c in chunks), texts_done
 
         def deliver(chunk: Chunk, rows: np.ndarray) -> None:
@@ -69,10 +76,32 @@ class EmbeddingClient:
             if on_progress is not None:
                 on_progress(done, total)
 
-        dispatcher.run(chunks, lambda c: list(texts[c.start:c.stop]), deliver, parameters)
+        def call(chunk: Chunk) -> Call:
+            batch = np.array([t.encode("utf-8") for t in texts[chunk.start:chunk.stop]], dtype=np.object_)
+            return Call(self.model, {TEXT: batch}, EMBEDDINGS, parameters or {}, rows=chunk.num_texts)
 
-    def _slot(self, url: str) -> StreamSlot:
-        return StreamSlot(url, self.model, self.request_timeout)
+        job = self._run(chunks, call, deliver)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no event loop in this thread
+            asyncio.run(job)
+            return
+        with ThreadPoolExecutor(1) as pool:  # e.g. a notebook's loop: run ours beside it
+            pool.submit(asyncio.run, job).result()
+
+    async def _run(self, chunks: Sequence[Chunk], call: Callable[[Chunk], Call],
+                   deliver: Callable[[Chunk, np.ndarray], None]) -> None:
+        channels = {url: ReplicaChannel(url) for url in self.urls}
+        dispatcher = AsyncDispatcher(self.urls, lambda url: AsyncStreamSlot(channels[url], self.request_timeout),
+                                     self.max_inflight_per_replica, self.retry)
+        self.last_dispatcher = dispatcher
+        await dispatcher.start()
+        try:
+            await dispatcher.run(chunks, call, deliver)
+        finally:
+            await dispatcher.close()
+            for channel in channels.values():
+                await channel.close()
 
 
 def _check_texts(texts: Sequence[str]) -> None:

@@ -1,7 +1,7 @@
 """Which replica takes which chunk next: FCFS queue, per-replica cool-down after
 failures, retry elsewhere, give up after too many failures. Plain data, no
-threads and no I/O: the threaded Dispatcher (dispatch.py) calls it under its
-lock, the asyncio dispatcher (aio.py) from its event loop.
+threads and no I/O: the asyncio dispatcher (aio.py) calls it from its event
+loop.
 
 Invariant: a task is either in the queue or held by exactly one caller that
 took it; it goes back only through `chunk_failed` / `replica_unready`.
@@ -46,7 +46,7 @@ class ReplicaState:
 @dataclass(eq=False)
 class Task:
     chunk: Chunk
-    job: Any = None  # the owner (the async dispatcher keeps several jobs in one queue)
+    job: Any = None  # the owner (the dispatcher keeps several jobs in one queue)
     attempts: int = 0
     failed_on: set[str] = field(default_factory=set)
 

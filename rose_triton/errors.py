@@ -1,32 +1,32 @@
-"""Our errors as Triton sees them: a tag at the start of each message, and its error code."""
+"""engine_lib's errors as Triton responses carry them: rose_wire's code, field and encoded message."""
 from __future__ import annotations
 
 from engine_lib.errors import InputError, OverloadError, RequestCancelled
+from rose_wire import CANCELLED, INTERNAL, INVALID_ARG, UNAVAILABLE, WireError, decode, encode
 
-# Triton's BLS responses (2.51) arrive with code INTERNAL whatever the step
-# said, and gRPC stream responses carry a message only, so each message our
-# models send starts with a tag a client (and the `embed` front) can read back.
-TAGS = {InputError: ("invalid input", "INVALID_ARG"), OverloadError: ("overloaded", "UNAVAILABLE"),
-        RequestCancelled: ("cancelled", "CANCELLED")}
-INTERNAL = ("internal error", "INTERNAL")
-# Triton's own refusal when a model's queue (dynamic_batching queue policy) is full.
-TRITON_QUEUE_FULL = "Exceeds maximum queue size"
+_CODES = ((InputError, INVALID_ARG), (OverloadError, UNAVAILABLE), (RequestCancelled, CANCELLED))
 
 
-def client_message(error: Exception) -> str:
-    return f"{TAGS.get(type(error), INTERNAL)[0]}: {error}"
+def wire_error(error: BaseException) -> WireError:
+    """Our typed errors keep their code (and an InputError its field); anything else is INTERNAL."""
+    code = next((code for cls, code in _CODES if isinstance(error, cls)), INTERNAL)
+    field = error.field if isinstance(error, InputError) else None
+    try:
+        return WireError(code, str(error), field)
+    except ValueError:  # a field the wire cannot carry (not a name): the message still names the problem
+        return WireError(code, str(error))
 
 
-def code_name(error: Exception) -> str:
-    """Triton error code name (pb_utils.TritonError.<name>) for one of our errors."""
-    return TAGS.get(type(error), INTERNAL)[1]
+def triton_error(pb_utils, error: BaseException | WireError):
+    """A pb_utils.TritonError with the encoded message and its code."""
+    wire = error if isinstance(error, WireError) else wire_error(error)
+    return pb_utils.TritonError(encode(wire), getattr(pb_utils.TritonError, wire.code))
 
 
-def code_name_from_message(message: str) -> str | None:
-    """The code a tagged (or Triton queue-full) message stands for; None if untagged."""
-    if TRITON_QUEUE_FULL in message:
-        return "UNAVAILABLE"
-    for tag, name in TAGS.values():
-        if f"{tag}: " in message:
-            return name
-    return None
+def relayed_error(pb_utils, error):
+    """A step's error (BLS) passed on with the code its message encodes: BLS hands every
+    error over as INTERNAL (Triton 2.51). Text no model of ours encoded keeps its own code."""
+    wire = decode(error.message())
+    if wire.code is None:
+        return pb_utils.TritonError(error.message(), error.code())
+    return triton_error(pb_utils, wire)

@@ -9,6 +9,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from rose_wire import EMBED, EMBEDDINGS, ENSEMBLE, TEXT
+
 
 def _text_array(texts) -> np.ndarray:
     return np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=object)
@@ -20,34 +22,34 @@ def embed_stream(grpc_url: str, texts, parameters: dict | None = None, timeout: 
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
-        text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
+        text = grpcclient.InferInput(TEXT, [len(texts)], "BYTES")
         text.set_data_from_numpy(_text_array(texts))
-        client.async_stream_infer("ensemble", [text], parameters=parameters)
+        client.async_stream_infer(ENSEMBLE, [text], parameters=parameters)
         result, error = results.get(timeout=timeout)
     finally:
         client.stop_stream()
         client.close()
     if error is not None:
         raise error
-    return result.as_numpy("EMBEDDINGS")
+    return result.as_numpy(EMBEDDINGS)
 
 
 def embed_generate(http_url: str, texts, parameters: dict | None = None, timeout: float = 120) -> np.ndarray:
     """HTTP `generate` on `ensemble`; the JSON reply is flat, reshaped to [N, D]."""
-    body = {"TEXT": list(texts), **({"parameters": parameters} if parameters else {})}
-    request = urllib.request.Request(f"http://{http_url}/v2/models/ensemble/generate",
+    body = {TEXT: list(texts), **({"parameters": parameters} if parameters else {})}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{ENSEMBLE}/generate",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         reply = json.load(response)
-    return np.asarray(reply["EMBEDDINGS"], dtype=np.float32).reshape(len(texts), -1)
+    return np.asarray(reply[EMBEDDINGS], dtype=np.float32).reshape(len(texts), -1)
 
 
 def _infer_unary(protocol, client, texts, parameters: dict | None) -> np.ndarray:
     """`client.infer` on the unary `embed` model; `protocol` is tritonclient.grpc or .http."""
     try:
-        text = protocol.InferInput("TEXT", [len(texts)], "BYTES")
+        text = protocol.InferInput(TEXT, [len(texts)], "BYTES")
         text.set_data_from_numpy(_text_array(texts))
-        return client.infer("embed", [text], parameters=parameters).as_numpy("EMBEDDINGS")
+        return client.infer(EMBED, [text], parameters=parameters).as_numpy(EMBEDDINGS)
     finally:
         client.close()
 

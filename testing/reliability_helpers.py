@@ -7,6 +7,8 @@ import urllib.request
 
 import tritonclient.grpc as grpcclient
 
+from rose_wire import EMBEDDINGS, INPUT_IDS, ROSE_ENCODER, SEQ_LENS
+
 
 def children(pid):
     """(pid, command line) of the processes whose parent is `pid`."""
@@ -38,13 +40,13 @@ def encode_ids(grpc_url, input_ids, seq_lens, timeout=60):
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
-        inputs = [grpcclient.InferInput("INPUT_IDS", [len(input_ids)], "INT64"),
-                  grpcclient.InferInput("SEQ_LENS", [len(seq_lens)], "INT64")]
+        inputs = [grpcclient.InferInput(INPUT_IDS, [len(input_ids)], "INT64"),
+                  grpcclient.InferInput(SEQ_LENS, [len(seq_lens)], "INT64")]
         inputs[0].set_data_from_numpy(input_ids)
         inputs[1].set_data_from_numpy(seq_lens)
-        client.async_stream_infer("rose_encoder", inputs)
+        client.async_stream_infer(ROSE_ENCODER, inputs)
         result, error = results.get(timeout=timeout)
     finally:
         client.stop_stream()
         client.close()
-    return (None, error) if error is not None else (result.as_numpy("EMBEDDINGS"), None)
+    return (None, error) if error is not None else (result.as_numpy(EMBEDDINGS), None)

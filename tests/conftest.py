@@ -65,3 +65,21 @@ def replicas(request, tmp_path_factory):
         pytest.fail(f"replica B did not start; log: {log}")
     yield a, started["b"]
     started["b"].stop()
+
+
+@pytest.fixture(scope="session")
+def qwen3_server(tmp_path_factory):
+    """One launch for the Qwen3 family: a random-weight Qwen3 embedder (testing/qwen3_embedder.py)
+    as the served model and a random-weight Qwen3 yes/no reranker beside it. Tests only read
+    from it, except the reranker's stub-kill test, which waits for the restart."""
+    from testing.qwen3_embedder import save_qwen3_embedder
+    from testing.tiny_rerankers import save_reranker
+
+    embedder = save_qwen3_embedder(tmp_path_factory.mktemp("qwen3_embedder"))
+    reranker = tmp_path_factory.mktemp("reranker-qwen3")
+    save_reranker("qwen3", reranker)
+    instance = TritonServer(reranker / "server.log", env={"ROSE_MODEL_DIR": str(embedder.folder)},
+                            serve_args=["--rerank-model-dir", str(reranker)], gateway=True)
+    instance.embedder, instance.reranker_folder = embedder, reranker
+    yield instance
+    instance.stop()

@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine_lib.model_folder import ModelFolder
-from engine_lib.models.families import scoring_architecture
+from engine_lib.model_folder import ModelFolder, scoring_architecture
 from engine_lib.models.loader import read_tensors
 from engine_lib.models.pooling import pool
 

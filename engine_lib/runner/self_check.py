@@ -16,7 +16,7 @@ from engine_lib.contract import PackedBatch
 
 log = logging.getLogger(__name__)
 
-MIN_COSINE = 0.999
+MIN_COSINE = 0.999  # the one agreement bar (the seed's 0.1%): self-check, perf warm-up checks and tests
 PROBE_LENGTHS = (1, 5, 16, 61, 200)
 PROBE_SEED = 20261130
 

@@ -17,6 +17,7 @@ import numpy as np
 from engine_lib.errors import InputError
 from engine_lib.service.batching import BatchingService, DoneCallback
 from engine_lib.service.outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
+from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
 
 
 @dataclass(frozen=True)
@@ -34,26 +35,30 @@ class EndpointLimits:
                    engine.type_vocab_size)
 
 
-def check_sequences(input_ids: np.ndarray, seq_lens: np.ndarray, limits: EndpointLimits) -> tuple[np.ndarray, list[int]]:
+def check_sequences(input_ids: np.ndarray, seq_lens: np.ndarray,
+                    limits: EndpointLimits) -> tuple[np.ndarray, list[int]]:
     """Flat ids + lengths -> (int64 flat ids, lengths as ints), or InputError naming the problem.
     The ids stay flat: the service gathers each batch's slices of them once (service/batching.py)."""
     if input_ids.ndim != 1 or seq_lens.ndim != 1:
-        raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and {list(seq_lens.shape)}")
+        raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and "
+                         f"{list(seq_lens.shape)}", field=INPUT_IDS if input_ids.ndim != 1 else SEQ_LENS)
     if seq_lens.size == 0:
-        raise InputError("SEQ_LENS is empty: send at least one sequence")
+        raise InputError("SEQ_LENS is empty: send at least one sequence", field=SEQ_LENS)
     lens = seq_lens.tolist()  # a few sequences per request: Python ints beat numpy calls
     shortest, longest, total = min(lens), max(lens), sum(lens)
     if shortest < 1:
-        raise InputError(f"SEQ_LENS[{lens.index(shortest)}] is {shortest}; every sequence needs >= 1 token")
+        raise InputError(f"SEQ_LENS[{lens.index(shortest)}] is {shortest}; every sequence needs >= 1 token",
+                         field=SEQ_LENS)
     if total != input_ids.size:
-        raise InputError(f"SEQ_LENS sums to {total} but INPUT_IDS has {input_ids.size} tokens")
+        raise InputError(f"SEQ_LENS sums to {total} but INPUT_IDS has {input_ids.size} tokens", field=SEQ_LENS)
     if longest > limits.max_positions:
-        raise InputError(f"SEQ_LENS[{lens.index(longest)}] is {longest} tokens; the model takes at most {limits.max_positions}")
+        raise InputError(f"SEQ_LENS[{lens.index(longest)}] is {longest} tokens; the model takes at most "
+                         f"{limits.max_positions}", field=SEQ_LENS)
     if input_ids.size > limits.max_request_tokens:
         raise InputError(f"request has {input_ids.size} tokens, more than the encoder queue holds "
-                         f"(max_queued_tokens={limits.max_request_tokens}); split it")
+                         f"(max_queued_tokens={limits.max_request_tokens}); split it", field=INPUT_IDS)
     if input_ids.min() < 0 or input_ids.max() >= limits.vocab_size:
-        raise InputError(f"INPUT_IDS holds ids outside [0, {limits.vocab_size})")
+        raise InputError(f"INPUT_IDS holds ids outside [0, {limits.vocab_size})", field=INPUT_IDS)
     return input_ids.astype(np.int64, copy=False), lens
 
 
@@ -64,9 +69,9 @@ def check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
         return None
     if token_types.ndim != 1 or token_types.size != num_tokens:
         raise InputError(f"TOKEN_TYPE_IDS has shape {list(token_types.shape)}; send one id per token "
-                         f"({num_tokens}) or none")
+                         f"({num_tokens}) or none", field=TOKEN_TYPE_IDS)
     if token_types.min() < 0 or token_types.max() >= limits.type_vocab_size:
-        raise InputError(f"TOKEN_TYPE_IDS holds ids outside [0, {limits.type_vocab_size})")
+        raise InputError(f"TOKEN_TYPE_IDS holds ids outside [0, {limits.type_vocab_size})", field=TOKEN_TYPE_IDS)
     return token_types.astype(np.int64, copy=False)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
+from rose_wire import EMBEDDINGS, SCORES
 
 
 def normalize_rows(rows: np.ndarray) -> np.ndarray:
@@ -28,7 +29,7 @@ def finish_rows(rows: np.ndarray, options: RequestOptions) -> np.ndarray:
 class EmbeddingOutput:
     """EMBEDDINGS FP32 [N, D]: Matryoshka cut (`dimensions`), then L2 normalisation (`normalize`)."""
 
-    name = "EMBEDDINGS"
+    name = EMBEDDINGS
     options_type = RequestOptions
 
     def __init__(self, width: int):
@@ -36,7 +37,8 @@ class EmbeddingOutput:
 
     def check(self, options: RequestOptions) -> None:
         if options.dimensions > self.width:
-            raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {self.width}")
+            raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {self.width}",
+                             "dimensions")
 
     def finish(self, rows: np.ndarray, options: RequestOptions) -> np.ndarray:
         return finish_rows(rows, options)
@@ -49,7 +51,7 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 class ScoreOutput:
     """SCORES FP32 [N]: the logit (`raw_scores`) or the model's activation of it."""
 
-    name = "SCORES"
+    name = SCORES
     options_type = RerankOptions
     ACTIVATIONS = {"sigmoid": sigmoid, "identity": lambda x: x}
 

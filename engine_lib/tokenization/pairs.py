@@ -16,12 +16,12 @@ from tokenizers import Tokenizer
 
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
-from engine_lib.model_folder import ModelFolder
-from engine_lib.models.families import SCORING_ARCHITECTURES, scoring_architecture
+from engine_lib.model_folder import SCORING_ARCHITECTURES, ModelFolder, scoring_architecture
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.long_text import cut_long_text
 from engine_lib.tokenization.text import load_tokenizer
 from engine_lib.tokenization.text_input import decode_texts
+from rose_wire import DOCUMENTS, QUERY
 
 QWEN3_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
                 "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
@@ -64,14 +64,15 @@ class PairTokenizer:
 
     def decode(self, query: np.ndarray, documents: np.ndarray) -> tuple[str, list[str]]:
         if query.size != 1:
-            raise InputError(f"QUERY must hold exactly one text, got shape {list(query.shape)}")
-        return decode_texts(query.reshape(1), self.config, "QUERY")[0], decode_texts(documents, self.config, "DOCUMENTS")
+            raise InputError(f"QUERY must hold exactly one text, got shape {list(query.shape)}", field=QUERY)
+        return decode_texts(query.reshape(1), self.config, QUERY)[0], decode_texts(documents, self.config, DOCUMENTS)
 
     def encode(self, query: str, documents: Sequence[str], options: RerankOptions
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """-> (flat input_ids int64, seq_lens int64 [N], flat token types int64, empty without segments)."""
         if options.instruction and self.style != "yes-no":
-            raise InputError("parameter 'instruction': this reranker (a cross-encoder) takes no instruction")
+            raise InputError("parameter 'instruction': this reranker (a cross-encoder) takes no instruction",
+                             field="instruction")
         if options.truncate:
             documents = [cut_long_text(self._tok, d, self.max_length) for d in documents]
         if self.style == "yes-no":
@@ -84,11 +85,11 @@ class PairTokenizer:
 
     def _too_long(self, i: int, num_tokens: int) -> InputError:
         return InputError(f"DOCUMENTS[{i}] with the query is {num_tokens} tokens, more than the model's maximum "
-                          f"of {self.max_length}, and truncate=false")
+                          f"of {self.max_length}, and truncate=false", field=DOCUMENTS)
 
     def _query_too_long(self) -> InputError:
         return InputError(f"QUERY leaves no room for a document within the model's maximum of "
-                          f"{self.max_length} tokens; shorten the query")
+                          f"{self.max_length} tokens; shorten the query", field=QUERY)
 
     def _encode_pairs(self, query: str, documents: Sequence[str], options: RerankOptions):
         encodings = self._tok.encode_batch([(query, d) for d in documents])

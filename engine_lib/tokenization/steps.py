@@ -14,6 +14,7 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
 from engine_lib.tokenization.text import TextTokenizer
+from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
 
 Tensors = Mapping[str, "np.ndarray | None"]
 
@@ -21,38 +22,38 @@ Tensors = Mapping[str, "np.ndarray | None"]
 def _required(tensors: Tensors, name: str) -> np.ndarray:
     array = tensors.get(name)
     if array is None:
-        raise InputError(f"input {name} is missing")
+        raise InputError(f"input {name} is missing", field=name)
     return array
 
 
 class TextStep:
     """TEXT -> INPUT_IDS + SEQ_LENS (request options: input_type, truncate)."""
     config_cls = TokenizerConfig
-    inputs = ("TEXT",)
+    inputs = (TEXT,)
 
     def __init__(self, config: TokenizerConfig):
         self.tokenizer = TextTokenizer(config.model_dir, config)
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
         options = RequestOptions.from_parameters(parameters)
-        texts = self.tokenizer.decode_texts(_required(tensors, "TEXT"))
+        texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
         input_ids, seq_lens = self.tokenizer.encode(texts, options)
-        return {"INPUT_IDS": input_ids, "SEQ_LENS": seq_lens.astype(np.int64)}
+        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens.astype(np.int64)}
 
 
 class PairStep:
     """QUERY + DOCUMENTS -> INPUT_IDS + SEQ_LENS + TOKEN_TYPE_IDS (empty for families without segments)."""
     config_cls = PairTokenizerConfig
-    inputs = ("QUERY", "DOCUMENTS")
+    inputs = (QUERY, DOCUMENTS)
 
     def __init__(self, config: PairTokenizerConfig):
         self.tokenizer = PairTokenizer(config.model_dir, config)
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
         options = RerankOptions.from_parameters(parameters)
-        query, documents = self.tokenizer.decode(_required(tensors, "QUERY"), _required(tensors, "DOCUMENTS"))
+        query, documents = self.tokenizer.decode(_required(tensors, QUERY), _required(tensors, DOCUMENTS))
         input_ids, seq_lens, token_types = self.tokenizer.encode(query, documents, options)
-        return {"INPUT_IDS": input_ids, "SEQ_LENS": seq_lens, "TOKEN_TYPE_IDS": token_types}
+        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens, TOKEN_TYPE_IDS: token_types}
 
 
 def step_for_inputs(names: Sequence[str]) -> type[TextStep] | type[PairStep]:

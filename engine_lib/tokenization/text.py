@@ -13,6 +13,7 @@ from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.long_text import cut_long_text
 from engine_lib.tokenization.text_input import decode_texts
+from rose_wire import TEXT
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class TextTokenizer:
         if too_long and not options.truncate:
             i = too_long[0]
             raise InputError(f"TEXT[{i}] has {len(encodings[i]) + extra} tokens, more than the model's maximum "
-                             f"of {self.max_length}, and truncate=false")
+                             f"of {self.max_length}, and truncate=false", field=TEXT)
         if too_long:
             for i, enc in zip(too_long, self._truncating.encode_batch([templated[i] for i in too_long])):
                 encodings[i] = enc.ids

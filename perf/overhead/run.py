@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_lib.runner.self_check import MIN_COSINE
+
 from .. import machine
 from ..measure import latency_loop, latency_stats
 from ..runner import log, min_cosine
@@ -96,8 +98,8 @@ def _check(call, requests, reference, want_model: bool) -> float | None:
         return None
     cosine = min(min_cosine(g, reference.encode(r.texts, normalize_embeddings=True))
                  for g, r in zip(got, requests[:4]))
-    if cosine < 0.999:
-        raise RuntimeError(f"warm-up check failed: min cosine {cosine:.5f} < 0.999")
+    if cosine < MIN_COSINE:
+        raise RuntimeError(f"warm-up check failed: min cosine {cosine:.5f} < {MIN_COSINE}")
     return cosine
 
 
@@ -245,3 +247,12 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
     results["machine"]["load_avg_at_end"] = os.getloadavg()
     out_json.write_text(json.dumps(results, indent=1))
     return results
+
+
+def measure(args, out_json: Path, desc: dict) -> dict:
+    """`python -m perf run --profile overhead`: `--cells` names client paths; `--compare`, `--variant` add servers."""
+    settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
+    if args.cells:
+        settings = settings.only(args.cells.split(","))
+    return run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc,
+               args.variant or [])

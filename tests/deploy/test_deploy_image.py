@@ -49,7 +49,7 @@ def test_start_command_is_the_local_launcher():
     assert "model_sets/ model_sets/" in copies
     assert image_env()["ROSE_SKIP_SETUP"] == "1"
     copied = [args for kw, args in instructions() if kw == "COPY"]
-    assert {"gateway/ gateway/", "rose_client/ rose_client/"} <= set(copied)  # the gateway role
+    assert {"gateway/ gateway/", "rose_client/ rose_client/", "rose_wire/ rose_wire/"} <= set(copied)  # the gateway role
     assert "8080" in only("EXPOSE").split()
 
 
@@ -85,7 +85,7 @@ def test_runs_as_non_root_with_a_healthcheck_and_no_secrets():
     assert {".git", ".venv", "build"} <= set(ignored)
 
 
-@pytest.mark.parametrize("package", ["engine_lib", "model_repository", "model_sets", "gateway", "rose_client"])
+@pytest.mark.parametrize("package", ["engine_lib", "model_repository", "model_sets", "gateway", "rose_client", "rose_wire"])
 def test_server_code_parses_as_the_images_python_310(package):
     for path in (REPO / package).rglob("*.py"):
         ast.parse(path.read_text(), str(path), feature_version=(3, 10))

@@ -40,7 +40,7 @@ def test_two_replicas_equal_one_row_for_row(replicas, single_server_rows):
     rows = client.embed(TEXTS, on_progress=lambda done, total: progress.append((done, total)))
     np.testing.assert_allclose(rows, single_server_rows, rtol=0, atol=1e-6)
     assert rows.shape == (len(TEXTS), 384)
-    assert all(r.completed_chunks > 0 for r in client.last_dispatcher.replicas)
+    assert all(r.completed_chunks > 0 for r in client.last_dispatcher.tasks.replicas.values())
     assert progress[-1] == (len(TEXTS), len(TEXTS)) and len(progress) == len(client.plan(TEXTS))
 
 
@@ -105,6 +105,6 @@ def test_killing_a_replica_mid_job_loses_and_duplicates_nothing(replicas, single
     assert killed_at and killed_at[0] < len(TEXTS)
     assert deliveries == {c.index: 1 for c in chunks}
     np.testing.assert_allclose(rows, single_server_rows, rtol=0, atol=1e-6)
-    state = {r.url: r for r in client.last_dispatcher.replicas}
+    state = client.last_dispatcher.tasks.replicas
     assert state[b.grpc_url].completed_chunks > 0 and state[b.grpc_url].failed_chunks > 0
     assert sum(r.completed_chunks for r in state.values()) == len(chunks)

@@ -7,7 +7,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from rose_triton.errors import code_name_from_message
+from rose_wire import INVALID_ARG, decode
 from testing.embed_clients import embed_stream, embed_unary_http
 
 GOOD = ["a good request still works"]
@@ -34,6 +34,9 @@ BAD_CASES = {
     "unknown option": (np.array([b"x"], dtype=object), "BYTES", {"normalise": True}, "unknown request parameter"),
     "too many dimensions": (np.array([b"x"], dtype=object), "BYTES", {"dimensions": 4096}, "dimensions"),
 }
+# The field each refusal names on the wire (rose_wire), where a tensor or parameter is at fault.
+FIELDS = {"empty list": "TEXT", "empty string": "TEXT", "not utf-8": "TEXT", "too long, truncate=false": "TEXT",
+          "unknown option": "normalise", "too many dimensions": "dimensions"}
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -97,8 +100,8 @@ def grpc_infer_raw(server, array, params=None, model="embed"):
 @pytest.mark.parametrize("case", ["empty string", "not utf-8", "unknown option"])
 def test_bad_input_status_code_survives_every_path(server, case):
     """The code, not only the message: HTTP 400 and gRPC INVALID_ARGUMENT through the unary
-    front (BLS would hand it over as INTERNAL), the `invalid input` tag on the gRPC stream
-    (stream errors carry a message only)."""
+    front (BLS would hand it over as INTERNAL), the encoded code on the gRPC stream (stream
+    errors carry a message only); every path's text decodes to the same code and field."""
     array, _, params, message = BAD_CASES[case]
     with pytest.raises(InferenceServerException) as http_error:
         http_infer_raw(server, array, params=params)
@@ -108,14 +111,16 @@ def test_bad_input_status_code_survives_every_path(server, case):
     assert grpc_error.value.status() == "StatusCode.INVALID_ARGUMENT", grpc_error.value.status()
     with pytest.raises(InferenceServerException) as stream_error:
         embed_stream(server.grpc_url, list(array), params)
-    assert code_name_from_message(str(stream_error.value)) == "INVALID_ARG", str(stream_error.value)
-    assert all(message in str(e.value) for e in (http_error, grpc_error, stream_error))
+    for error in (http_error, grpc_error, stream_error):
+        wire = decode(str(error.value))
+        assert (wire.code, wire.field) == (INVALID_ARG, FIELDS[case]), str(error.value)
+        assert message in wire.message, str(error.value)
 
 
 @pytest.mark.parametrize("case", ["too long, truncate=false", "empty list", "too many dimensions"])
 def test_unary_front_keeps_invalid_argument_from_its_tokenize_step_and_the_encoder(server, case):
-    """The unary front tokenizes itself (its InputError) and hears the encoder's tagged errors
-    through BLS (dimensions): both read INVALID_ARGUMENT / 400 naming the problem."""
+    """The unary front tokenizes itself (its InputError) and hears the encoder's encoded errors
+    through BLS (dimensions): both read INVALID_ARGUMENT / 400 naming the problem and its field."""
     array, _, params, message = BAD_CASES[case]
     with pytest.raises(InferenceServerException) as http_error:
         http_infer_raw(server, array, params=params)
@@ -124,3 +129,5 @@ def test_unary_front_keeps_invalid_argument_from_its_tokenize_step_and_the_encod
         grpc_infer_raw(server, array, params)
     assert grpc_error.value.status() == "StatusCode.INVALID_ARGUMENT", grpc_error.value.status()
     assert message in str(grpc_error.value), str(grpc_error.value)
+    assert decode(grpc_error.value.message()) == decode(str(http_error.value))
+    assert decode(grpc_error.value.message()).field == FIELDS[case], str(grpc_error.value)

@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from engine_lib.runner.self_check import MIN_COSINE
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
 from testing.texts import VARIED_TEXTS
 
@@ -32,7 +33,7 @@ def test_varied_texts_match_reference(server, reference, way):
     rows = WAYS[way](server, VARIED_TEXTS)
     assert rows.shape == (len(VARIED_TEXTS), 384) and rows.dtype == np.float32
     cos = cosines(rows, np.stack([reference[t] for t in VARIED_TEXTS]))
-    assert cos.min() >= 0.999, {VARIED_TEXTS[i][:30]: float(c) for i, c in enumerate(cos) if c < 0.999}
+    assert cos.min() >= MIN_COSINE, {VARIED_TEXTS[i][:30]: float(c) for i, c in enumerate(cos) if c < MIN_COSINE}
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
 
 
@@ -87,7 +88,7 @@ def test_sixteen_concurrent_clients_nothing_lost_or_crossed(server, reference):
             rows = call(server, texts)
             assert rows.shape == (len(texts), 384), (seed, rows.shape)
             cos = cosines(rows, np.stack([reference[t] for t in texts]))
-            assert cos.min() >= 0.999, (seed, float(cos.min()))
+            assert cos.min() >= MIN_COSINE, (seed, float(cos.min()))
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(client, range(16)))  # each client asserts its own rows; map re-raises a failure

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from perf import machine
+from engine_lib.runner.self_check import MIN_COSINE
+from perf import machine, report
 from perf.overhead import hops, procstat
-from perf.overhead.report import markdown, readme_lines
 from perf.overhead.run import Settings, run
 
 
@@ -73,7 +73,7 @@ def test_short_form_measures_every_path(short_run):
         assert r["overhead_p50_ms"] == pytest.approx(r["p50_ms"] - r["model_ms"])
         assert r["server_cpu_ms_per_request"] >= 0 and r["client_cpu_ms_per_request"] > 0
         if not path.startswith("floor_"):
-            assert r["min_cosine"] >= 0.999 and r["model_ms"] > 0, path
+            assert r["min_cosine"] >= MIN_COSINE and r["model_ms"] > 0, path
     inproc = results["inproc"]
     assert all(inproc[k]["n"] == 6 for k in ("engine_step", "tokenizer", "service"))
 
@@ -94,10 +94,10 @@ def test_short_form_breaks_down_hops_and_load(short_run):
 
 
 def test_short_form_report_names_every_path(short_run):
-    results, _ = short_run
-    text = markdown(results)
+    results, out = short_run
+    text = report.markdown(results)
     for path in results["paths"]:
         assert f"`{path}`" in text
     assert "overhead p50" in text and "Where the time goes" in text
-    readme = "\n".join(readme_lines(results, "r.md"))
+    readme = report.readme_section([out], out.parent)
     assert all(f"`{path}`" in readme for path in results["paths"])

@@ -4,55 +4,32 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rose_triton.server import TritonServer
+from engine_lib.runner.self_check import MIN_COSINE
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
-from testing.tiny_models import (
-    EOS,
-    cosine_rows,
-    hf_hidden_states,
-    qwen3_config,
-    save_random_model,
-    write_word_tokenizer,
-)
+from testing.tiny_models import cosine_rows
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world", "embedding models map text to vectors",
-          "where is the nearest train station", "a search engine ranks documents for a query"]
 TEXTS = ["hello world", "the lazy dog jumps over the quick brown fox", "vectors", "where is the search engine"]
 INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
 @pytest.fixture(scope="module")
-def qwen3_service(tmp_path_factory):
-    from tokenizers import Tokenizer
-    from transformers import Qwen3Model
-
-    folder = tmp_path_factory.mktemp("qwen3_model")
-    vocab = write_word_tokenizer(folder, CORPUS, vocab_size=128)
-    model = save_random_model(Qwen3Model, qwen3_config(eos_token_id=vocab[EOS]), folder, seed=31)
-    server = TritonServer(tmp_path_factory.mktemp("triton_qwen3") / "server.log", env={"ROSE_MODEL_DIR": str(folder)})
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-
-    def reference(texts, prefix=""):
-        """transformers on the same weights: EOS appended, last token, L2-normalised."""
-        sequences = [np.array(tokenizer.encode(prefix + t).ids + [vocab[EOS]]) for t in texts]
-        rows = np.stack([h[-1] for h in hf_hidden_states(model, sequences)])
-        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
-
-    yield server, reference
-    server.stop()
+def qwen3_service(qwen3_server):
+    """The session's Qwen3 server and transformers on the same weights (EOS appended, last token,
+    L2-normalised)."""
+    return qwen3_server, qwen3_server.embedder.reference
 
 
 def test_documents_match_transformers(qwen3_service):
     server, reference = qwen3_service
     got = embed_stream(server.grpc_url, TEXTS)
     assert got.shape == (len(TEXTS), 64)
-    assert cosine_rows(got, reference(TEXTS)).min() >= 0.999
+    assert cosine_rows(got, reference(TEXTS)).min() >= MIN_COSINE
 
 
 def test_queries_use_the_instruction_template(qwen3_service):
     server, reference = qwen3_service
     got = embed_generate(server.http_url, TEXTS, parameters={"input_type": "query"})
-    assert cosine_rows(got, reference(TEXTS, INSTRUCTION)).min() >= 0.999
+    assert cosine_rows(got, reference(TEXTS, INSTRUCTION)).min() >= MIN_COSINE
     assert cosine_rows(got, reference(TEXTS)).max() < 0.99  # the template changes the embedding
 
 
@@ -62,7 +39,7 @@ def test_matryoshka_dimensions(qwen3_service):
     full = reference(TEXTS)[:, :16]
     assert got.shape == (len(TEXTS), 16)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
-    assert cosine_rows(got, full).min() >= 0.999
+    assert cosine_rows(got, full).min() >= MIN_COSINE
 
 
 def test_unary_front_equals_the_stream_with_the_query_template_and_options(qwen3_service):
@@ -71,7 +48,7 @@ def test_unary_front_equals_the_stream_with_the_query_template_and_options(qwen3
     server, reference = qwen3_service
     params = {"input_type": "query", "dimensions": 16, "normalize": False}
     streamed = embed_stream(server.grpc_url, TEXTS, parameters=params)
-    assert cosine_rows(streamed, reference(TEXTS, INSTRUCTION)[:, :16]).min() >= 0.999
+    assert cosine_rows(streamed, reference(TEXTS, INSTRUCTION)[:, :16]).min() >= MIN_COSINE
     assert not np.allclose(np.linalg.norm(streamed, axis=1), 1.0)
     for unary in (embed_unary_grpc(server.grpc_url, TEXTS, params), embed_unary_http(server.http_url, TEXTS, params)):
         np.testing.assert_allclose(unary, streamed, atol=1e-6)

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
+from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.tokenization.text import TextTokenizer
 from rose_triton.server import REPO, TritonServer
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
@@ -164,7 +165,7 @@ def test_unary_front_tokenizes_with_the_tokenizer_models_config(limited):
     streamed = embed_stream(limited.grpc_url, texts, query)
     np.testing.assert_allclose(embed_unary_grpc(limited.grpc_url, texts, query), streamed, atol=1e-6)
     np.testing.assert_allclose(embed_unary_http(limited.http_url, texts, query), streamed, atol=1e-6)
-    assert (embed_unary_grpc(limited.grpc_url, texts) * streamed).sum(1).max() < 0.999  # the prefix changed the ids
+    assert (embed_unary_grpc(limited.grpc_url, texts) * streamed).sum(1).max() < MIN_COSINE  # prefix changed the ids
     too_many = [f"text {i}" for i in range(17)]
     for way, url in ((embed_unary_grpc, limited.grpc_url), (embed_unary_http, limited.http_url),
                      (embed_stream, limited.grpc_url)):

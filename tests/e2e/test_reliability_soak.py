@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from engine_lib.runner.self_check import MIN_COSINE
 from testing.embed_clients import embed_generate, embed_unary_grpc, embed_unary_http
 from testing.reliability_helpers import children
 from testing.texts import LONG_TEXTS, MEDIUM_TEXTS, VARIED_TEXTS
@@ -54,7 +55,7 @@ class Ledger:
     def check(self, indices, dims, rows):
         expected = self.reference[indices][:, :dims] if dims else self.reference[indices]
         expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
-        bad = rows.shape != expected.shape or int(((rows * expected).sum(1) < 0.999).sum())
+        bad = rows.shape != expected.shape or int(((rows * expected).sum(1) < MIN_COSINE).sum())
         with self.lock:
             self.ok += 1
             self.misrouted_rows += len(indices) if rows.shape != expected.shape else bad

@@ -1,7 +1,9 @@
-"""Rerankers served by a real tritonserver beside the default embedder (scripts/serve.sh --rerank-model-dir).
+"""Rerankers served by a real tritonserver beside an embedder (scripts/serve.sh --rerank-model-dir).
 
-One server per family (a random-weight BERT cross-encoder, a random-weight
-Qwen3-style yes/no judge): every path (gRPC streaming and HTTP generate on
+One server per family: a random-weight BERT cross-encoder beside the default
+embedder (this module's own), and a random-weight Qwen3-style yes/no judge
+beside a random-weight Qwen3 embedder (the session's `qwen3_server`, shared
+with test_qwen3_e2e.py): every path (gRPC streaming and HTTP generate on
 `rerank`, unary `score` over HTTP and gRPC) against transformers on the same
 folder; bad inputs; concurrent mixed embed + rerank requests.
 """
@@ -24,6 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from rose_triton.server import REPO, TritonServer
+from rose_wire import INVALID_ARG, decode
 from testing.embed_clients import embed_stream
 from testing.tiny_rerankers import reference_scores, save_reranker
 
@@ -34,6 +37,10 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
 
 @pytest.fixture(scope="module", params=["bert", "qwen3"])
 def served(request, tmp_path_factory):
+    if request.param == "qwen3":
+        server = request.getfixturevalue("qwen3_server")
+        yield "qwen3", server.reranker_folder, server
+        return
     folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
     save_reranker(request.param, folder)
     server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True)
@@ -119,8 +126,9 @@ def test_gateway_rerank_endpoint_matches_reference(served):
     assert len(raw) == len(DOCS) and all("document" not in r for r in raw)
     np.testing.assert_allclose([r["relevance_score"] for r in sorted(raw, key=lambda r: r["index"])], logits,
                                rtol=1e-3, atol=1e-5)
+    embedder = "all-MiniLM-L6-v2" if kind == "bert" else server.embedder.folder.name  # named after its folder
     with urllib.request.urlopen(f"{server.gateway_url}/v1/models", timeout=10) as response:
-        assert [m["id"] for m in json.load(response)["data"]] == ["all-MiniLM-L6-v2", "rerank"]
+        assert [m["id"] for m in json.load(response)["data"]] == [embedder, "rerank"]
 
 
 def test_long_document_is_cut_and_query_kept(served):
@@ -164,28 +172,29 @@ def test_unary_score_equals_the_stream_with_options_and_keeps_error_codes(served
         assert caught.value.status() == status and "DOCUMENTS[1] is not valid UTF-8" in str(caught.value)
 
 
-BAD = {
-    "empty document list": ([QUERY], [], None, "DOCUMENTS is empty"),
-    "empty document": ([QUERY], ["paris", "  "], None, "DOCUMENTS[1] is empty"),
-    "non-UTF-8 document": ([QUERY], ["paris", b"\xc3\x28 broken"], None, "DOCUMENTS[1] is not valid UTF-8"),
-    "empty query": ([""], ["paris"], None, "QUERY[0] is empty"),
-    "non-UTF-8 query": ([b"\xff"], ["paris"], None, "QUERY[0] is not valid UTF-8"),
-    "two queries": ([QUERY, QUERY], ["paris"], None, "QUERY"),
-    "unknown option": ([QUERY], ["paris"], {"normalize": True}, "unknown request parameter"),
-    "bad raw_scores": ([QUERY], ["paris"], {"raw_scores": "maybe"}, "raw_scores"),
+BAD = {  # inputs, parameters, what the message says, the field on the wire (rose_wire.decode)
+    "empty document list": ([QUERY], [], None, "DOCUMENTS is empty", "DOCUMENTS"),
+    "empty document": ([QUERY], ["paris", "  "], None, "DOCUMENTS[1] is empty", "DOCUMENTS"),
+    "non-UTF-8 document": ([QUERY], ["paris", b"\xc3\x28 broken"], None, "DOCUMENTS[1] is not valid UTF-8",
+                           "DOCUMENTS"),
+    "empty query": ([""], ["paris"], None, "QUERY[0] is empty", "QUERY"),
+    "non-UTF-8 query": ([b"\xff"], ["paris"], None, "QUERY[0] is not valid UTF-8", "QUERY"),
+    "two queries": ([QUERY, QUERY], ["paris"], None, "QUERY", None),  # Triton refuses the shape: its own text
+    "unknown option": ([QUERY], ["paris"], {"normalize": True}, "unknown request parameter", "normalize"),
+    "bad raw_scores": ([QUERY], ["paris"], {"raw_scores": "maybe"}, "raw_scores", "raw_scores"),
 }
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_named_then_good_request_succeeds(served, case):
     _, _, server = served
-    query, docs, params, message = BAD[case]
+    query, docs, params, message, field = BAD[case]
     for call in (lambda: rerank_stream(server, query, docs, params, query_shape=[len(query)]),
                  lambda: score_unary(server, query, docs, params) if len(query) == 1 else
                  rerank_stream(server, query, docs, params, query_shape=[len(query)])):
         with pytest.raises(InferenceServerException) as caught:
             call()
-        assert message in str(caught.value), str(caught.value)
+        assert message in str(caught.value) and decode(str(caught.value)).field == field, str(caught.value)
     assert score_unary(server, [QUERY], ["paris"]).shape == (1,)
 
 
@@ -218,6 +227,7 @@ def test_pre_tokenized_token_types_must_match(served):
     error = errors.get(timeout=60)
     client.stop_stream()
     assert error is not None and "TOKEN_TYPE_IDS" in str(error)
+    assert (decode(str(error)).code, decode(str(error)).field) == (INVALID_ARG, "TOKEN_TYPE_IDS"), str(error)
 
 
 def test_concurrent_embed_and_rerank_nothing_crosses(served):

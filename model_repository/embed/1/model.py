@@ -11,9 +11,8 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.errors import InputError
 from engine_lib.tokenization.steps import step_for_inputs
-from rose_triton.errors import client_message, code_name_from_message
+from rose_triton.errors import relayed_error, triton_error
 from rose_triton.parameters import (
     config_from_parameters,
     config_parameters,
@@ -21,13 +20,6 @@ from rose_triton.parameters import (
     output_names,
     sibling_parameters,
 )
-
-
-def _error_response(error):
-    # BLS hands every step error over as INTERNAL (Triton 2.51); the message's tag keeps the code.
-    name = code_name_from_message(error.message())
-    code = getattr(pb_utils.TritonError, name) if name else error.code()
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), code))
 
 
 class TritonPythonModel:
@@ -48,27 +40,24 @@ class TritonPythonModel:
     async def _answer(self, request):
         try:
             return await self._encode(request)
-        except Exception as exc:  # one request's failure must not fail the others in this execute
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {exc}"))
+        except Exception as exc:  # an InputError is INVALID_ARG; no failure fails the others in this execute
+            return pb_utils.InferenceResponse(error=triton_error(pb_utils, exc))
 
     async def _encode(self, request):
         parameters = json.loads(request.parameters() or "{}")  # parsed once: for the tokenize step and the encoder
-        try:
-            arrays = {}
-            for name in self.inputs:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                arrays[name] = None if tensor is None else tensor.as_numpy()
-            tensors = self.tokenize(arrays, parameters)
-        except InputError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(exc), pb_utils.TritonError.INVALID_ARG))
+        arrays = {}
+        for name in self.inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            arrays[name] = None if tensor is None else tensor.as_numpy()
+        tensors = self.tokenize(arrays, parameters)
         bls = pb_utils.InferenceRequest(
             model_name=self.encoder_model, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
             requested_output_names=self.outputs, parameters=parameters)
         responses = await bls.async_exec(decoupled=True)
         for response in responses:
-            if response.has_error():
-                return _error_response(response.error())
+            if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
+                return pb_utils.InferenceResponse(error=relayed_error(pb_utils, response.error()))
             outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in self.outputs]
             if all(t is not None for t in outputs):
                 return pb_utils.InferenceResponse(output_tensors=outputs)
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.encoder_model} returned no {self.outputs}"))
+        raise RuntimeError(f"{self.encoder_model} returned no {self.outputs}")

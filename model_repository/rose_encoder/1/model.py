@@ -12,17 +12,17 @@ from engine_lib.config import EncoderConfig
 from engine_lib.errors import InputError, OverloadError
 from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
-from rose_triton.errors import client_message, code_name
+from rose_triton.errors import triton_error
 from rose_triton.metrics import TritonMetricSink
 from rose_triton.parameters import input_names, load_config, output_names
+from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _respond(sender, name, result, error):
     if error is not None:
-        code = getattr(pb_utils.TritonError, code_name(error))
-        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(error), code))
+        response = pb_utils.InferenceResponse(error=triton_error(pb_utils, error))
     else:
         response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, result)])
     sender.send(response, flags=FINAL)
@@ -38,7 +38,7 @@ class TritonPythonModel:
         try:
             self.encoder = build_endpoint(load_config(EncoderConfig, args))
             self.output_name = output_names(args)[0]
-            self.takes_token_types = "TOKEN_TYPE_IDS" in input_names(args)
+            self.takes_token_types = TOKEN_TYPE_IDS in input_names(args)
             if self.output_name != self.encoder.output.name:
                 raise ValueError(f"config.pbtxt declares output {self.output_name!r} but the task gives "
                                  f"{self.encoder.output.name!r}")
@@ -53,13 +53,13 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                input_ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS").as_numpy()
-                seq_lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS").as_numpy()
+                input_ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS).as_numpy()
+                seq_lens = pb_utils.get_input_tensor_by_name(request, SEQ_LENS).as_numpy()
                 options = options_type.from_parameters(request.parameters())
                 self.encoder.submit(input_ids, seq_lens, options,
                                     lambda result, error, sender=sender: _respond(sender, name, result, error),
                                     is_cancelled=sender.is_cancelled,
-                                    token_types=_optional_input(request, "TOKEN_TYPE_IDS") if self.takes_token_types else None,
+                                    token_types=_optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
                                     received_at=received_at)
             except (InputError, OverloadError) as exc:
                 _respond(sender, name, None, exc)

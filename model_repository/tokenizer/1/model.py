@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 from engine_lib.errors import InputError
 from engine_lib.tokenization.steps import step_for_inputs
-from rose_triton.errors import client_message
+from rose_triton.errors import triton_error
 from rose_triton.parameters import input_names, load_config
 
 
@@ -29,5 +29,5 @@ class TritonPythonModel:
             tensors = self.step({n: pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.inputs},
                                 request.parameters())
         except InputError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(client_message(exc), pb_utils.TritonError.INVALID_ARG))
+            return pb_utils.InferenceResponse(error=triton_error(pb_utils, exc))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items()])

@@ -10,13 +10,15 @@ import pytest
 
 import gateway.app
 from engine_lib.config import TokenizerConfig
-from engine_lib.options import RequestOptions
+from engine_lib.errors import InputError
+from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.text import TextTokenizer
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from rose_client.aio import AsyncDispatcher
+from rose_client.aio_stream import ReplicaError
 from rose_client.scheduling import RetryPolicy
-from rose_client.stream import ReplicaError
+from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 MODEL = "all-MiniLM-L6-v2"
@@ -140,9 +142,9 @@ def test_token_id_inputs_go_through_unchanged_and_cut_when_truncating():
     ({"model": MODEL, "input": [[1, 2], [99999999]]}, 400, "input", "input[1] holds token id 99999999"),
     ({"model": MODEL, "input": [[]]}, 400, "input", "input[0] is an empty list"),
     ({"model": MODEL, "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "'float' or 'base64'"),
-    ({"model": MODEL, "input": "x", "dimensions": 0}, 400, "dimensions", "positive integer"),
-    ({"model": MODEL, "input": "x", "input_type": "passage"}, 400, "input_type", "'query' or 'document'"),
-    ({"model": MODEL, "input": "x", "truncate": "no"}, 400, "truncate", "true or false"),
+    ({"model": MODEL, "input": "x", "dimensions": -1}, 400, "dimensions", "non-negative integer"),
+    ({"model": MODEL, "input": "x", "input_type": "passage"}, 400, "input_type", "must be one of"),
+    ({"model": MODEL, "input": "x", "truncate": "maybe"}, 400, "truncate", "must be a boolean"),
     ({"model": MODEL, "input": "x", "temperature": 1}, 400, "temperature", "unknown field(s) ['temperature']"),
     ({"model": MODEL, "input": "word " * 400, "truncate": False}, 400, "input", "input[0] has"),
     ({"input": "x"}, 400, "model", "'model' is required"),
@@ -155,6 +157,65 @@ def test_bad_embedding_requests_get_openai_errors(body, status, param, fragment)
     error = response.json()["error"]
     assert fragment in error["message"] and error["param"] == param and error["type"]
     assert not replica.calls  # refused before any replica saw it
+
+
+def _refused(options_type, parameters) -> bool:
+    try:
+        options_type.from_parameters(parameters)
+    except InputError as exc:
+        assert exc.field == next(iter(parameters))
+        return True
+    return False
+
+
+@pytest.mark.parametrize("name, value", [
+    ("dimensions", 0), ("dimensions", 3), ("dimensions", "3"), ("dimensions", -1), ("dimensions", 2.0),
+    ("dimensions", True), ("dimensions", "three"), ("dimensions", None),
+    ("truncate", True), ("truncate", "off"), ("truncate", 1), ("truncate", "maybe"), ("truncate", None),
+    ("input_type", "query"), ("input_type", "document"), ("input_type", "passage"), ("input_type", ""),
+    ("input_type", None),
+])
+def test_embedding_options_follow_the_models_rules(name, value):
+    """The gateway accepts exactly the option values the models accept (engine_lib.options),
+    and names the option when it refuses one."""
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", name: value})
+    refused = _refused(RequestOptions, {name: value})
+    assert response.status_code == (400 if refused else 200), response.text
+    if refused:
+        assert response.json()["error"]["param"] == name and not replica.calls
+    else:
+        (call,) = replica.calls
+        dimensions = RequestOptions.from_parameters({name: value}).dimensions
+        assert call.parameters == ({"dimensions": dimensions} if dimensions else {})  # 0 = all: nothing to send
+
+
+@pytest.mark.parametrize("name, value", [
+    ("raw_scores", True), ("raw_scores", "yes"), ("raw_scores", 2), ("truncate", "false"), ("truncate", []),
+    ("instruction", "Judge"), ("instruction", 3), ("instruction", "x" * 5000), ("raw_scores", None),
+])
+def test_rerank_options_follow_the_models_rules(name, value):
+    response, replica = post("/v1/rerank", {"query": "q", "documents": ["a"], name: value}, reranker=True)
+    refused = _refused(RerankOptions, {name: value})
+    assert response.status_code == (400 if refused else 200), response.text
+    if refused:
+        assert response.json()["error"]["param"] == name and not replica.calls
+    else:
+        expected = RerankOptions.from_parameters({name: value})
+        assert replica.calls[0].parameters == ({name: getattr(expected, name)} if value is not None else {})
+
+
+def test_rerank_limits_are_the_rerank_tokenizers(monkeypatch):
+    """/v1/rerank applies rerank_tokenizer's config.pbtxt limits, ROSE_RERANK_* overrides included."""
+    monkeypatch.setenv("ROSE_RERANK_MAX_TEXTS_PER_REQUEST", "3")
+    monkeypatch.setenv("ROSE_RERANK_MAX_TEXT_BYTES", "8")
+    cases = [(["a", "b", "c", "d"], 413, "documents has 4 texts; at most 3"), (["a", "123456789"], 413,
+             "documents[1] is 9 bytes; at most 8"), (["a", " "], 400, "documents[1] is empty")]
+    for documents, status, fragment in cases:
+        response, replica = post("/v1/rerank", {"query": "q", "documents": documents}, reranker=True)
+        assert response.status_code == status and fragment in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "documents" and not replica.calls
+    response, _ = post("/v1/rerank", {"query": "a long query", "documents": ["a"]}, reranker=True)
+    assert response.status_code == 413 and response.json()["error"]["param"] == "query"
 
 
 def test_unparsable_bodies_and_unknown_routes_get_openai_errors():
@@ -182,7 +243,7 @@ def test_api_keys_are_required_when_configured():
 
 def test_encoder_overload_is_429_with_retry_after():
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x"},
-                             replica=FakeReplica("[StatusCode.UNAVAILABLE] overloaded: the queue holds 2048 requests"))
+                             replica=FakeReplica(encode(WireError(UNAVAILABLE, "the queue holds 2048 requests"))))
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert "overloaded" in response.json()["error"]["message"] and len(replica.calls) == 2  # retried once
 
@@ -207,11 +268,24 @@ def test_replica_failing_everywhere_is_503():
 
 
 def test_encoder_refusing_dimensions_is_400_naming_the_field():
-    error = "[StatusCode.INVALID_ARGUMENT] invalid input: parameter 'dimensions' is 999; the model has 384"
+    error = WireError(INVALID_ARG, "parameter 'dimensions' is 999; the model has 384", "dimensions")
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", "dimensions": 999},
-                             replica=FakeReplica(error))
+                             replica=FakeReplica(f"in ensemble 'ensemble', {encode(error)}"))
     assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
+    assert response.json()["error"]["message"] == error.message
     assert len(replica.calls) == 1  # the same everywhere: not retried
+
+
+@pytest.mark.parametrize("path, field, param", [
+    ("/v1/embeddings", "INPUT_IDS", "input"), ("/v1/embeddings", "SEQ_LENS", "input"),
+    ("/v1/embeddings", None, "input"), ("/v1/rerank", "DOCUMENTS", "documents"), ("/v1/rerank", "QUERY", "query"),
+    ("/v1/rerank", "instruction", "instruction"), ("/v1/rerank", None, "documents")])
+def test_a_refused_chunk_names_the_body_field_the_encoder_named(path, field, param):
+    """`param` comes from the field the server sent, translated to the request body's names."""
+    body = {"model": MODEL, "input": "x"} if path == "/v1/embeddings" else {"query": "q", "documents": ["d"]}
+    response, _ = post(path, body, reranker=True, replica=FakeReplica(encode(WireError(INVALID_ARG, "refused", field))))
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert response.json()["error"]["message"] == "refused"
 
 
 def test_rerank_sorts_by_score_with_indexes_over_document_chunks():

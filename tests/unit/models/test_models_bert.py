@@ -6,6 +6,7 @@ import pytest
 
 from engine_lib.contract import PackedBatch
 from engine_lib.runner.model_runner import ModelRunner
+from engine_lib.runner.self_check import MIN_COSINE
 from testing.tiny_models import (
     cosine_rows,
     hf_hidden_states,
@@ -45,7 +46,7 @@ def test_pooled_matches_reference(tmp_path, kind, pooling):
     pooled = engine.step(PackedBatch.from_sequences(sequences)).wait()
     hidden = hf_hidden_states(reference, sequences)
     expected = np.stack([h[0] if pooling == "cls" else h.mean(0) for h in hidden])
-    assert cosine_rows(pooled, expected).min() >= 0.999
+    assert cosine_rows(pooled, expected).min() >= MIN_COSINE
     np.testing.assert_allclose(pooled, expected, atol=2e-4, rtol=1e-3)
 
 
@@ -59,7 +60,7 @@ def test_xlm_roberta_position_offset_matters(tmp_path):
     assert engine.max_positions == 128  # 130 position embeddings minus the offset
     expected = np.stack([h.mean(0) for h in hf_hidden_states(reference, sequences)])
     batch = PackedBatch.from_sequences(sequences)
-    assert cosine_rows(engine.step(batch).wait(), expected).min() >= 0.999
+    assert cosine_rows(engine.step(batch).wait(), expected).min() >= MIN_COSINE
     engine.model.embeddings.position_offset = 0
     assert XLMRobertaModel.position_offset == 2
-    assert cosine_rows(engine.step(batch).wait(), expected).min() < 0.999
+    assert cosine_rows(engine.step(batch).wait(), expected).min() < MIN_COSINE

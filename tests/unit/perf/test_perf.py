@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from perf import report
+from perf.machine import flops_per_token
 from perf.measure import combine, latency_stats
-from perf.profiles import PROFILES, Cell
+from perf.profiles import PROFILES, Cell, select
 from perf.runner import min_cosine, skip_reason
 from perf.texts import TextMaker
 
@@ -50,6 +51,25 @@ def test_profiles_cover_the_seeds_four_scenarios():
     assert seed["s1-len4096"].seq_len == 4096 and seed["s3-len512"].batch == 100
     assert [c.concurrency for c in PROFILES["seed"].cells if c.scenario.startswith("4")] == [1, 2, 4, 8, 16]
     assert all(c.seq_len == "mixed" or c.seq_len <= 256 for c in PROFILES["cpu"].cells)
+
+
+def test_select_takes_the_named_cells_scaled():
+    cells = select(PROFILES["cpu"].cells, "s1-len32,s3-len128", 0.5)
+    assert [c.key for c in cells] == ["s1-len32", "s3-len128"]
+    assert cells[0].num_requests == 100 and cells[1].duration_s == 10.0
+    assert select(PROFILES["cpu"].cells, None, 1.0) == list(PROFILES["cpu"].cells)
+    entry = cells[0].entry({"rose": {"n": 1}})
+    assert entry["key"] == "s1-len32" and entry["label"] == cells[0].label and entry["results"] == {"rose": {"n": 1}}
+
+
+def test_flops_per_token_bert_and_qwen3_shapes():
+    bert = {"hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 6, "num_attention_heads": 12}
+    dense, attention = 2 * (4 * 384 * 384 + 2 * 384 * 1536), 2 * 2 * 384 * 128
+    assert flops_per_token(bert, 128) == 6 * (dense + attention)
+    qwen3 = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "model_type": "qwen3"}
+    dense = 2 * (1024 * (16 + 2 * 8) * 128 + 16 * 128 * 1024 + 3 * 1024 * 3072)  # GQA projections, gated MLP
+    assert flops_per_token(qwen3, 256) == dense + 2 * 2 * 16 * 128 * 256 * 0.5  # causal: half the scores
 
 
 class _Target:

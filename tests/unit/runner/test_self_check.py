@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
 
 from engine_lib.device.cuda_env import cuda_mismatch
 from engine_lib.runner.model_runner import ModelRunner
-from engine_lib.runner.self_check import SelfCheckError
+from engine_lib.runner.self_check import MIN_COSINE, SelfCheckError
 from testing import REPO
 from testing.tiny_models import qwen3_config, save_random_model
 
@@ -34,7 +35,7 @@ def folders(tmp_path_factory):
 def test_bfloat16_passes_and_reports_the_figure(folders, caplog):
     with caplog.at_level(logging.INFO, logger="engine_lib.runner.self_check"):
         engine = ModelRunner(str(folders["qwen3"]), device="cpu", dtype="bfloat16")
-    assert 0.999 <= engine.self_check_cosine < 1.0  # bf16 rounding is visible, and within the rule
+    assert MIN_COSINE <= engine.self_check_cosine < 1.0  # bf16 rounding is visible, and within the rule
     assert f"minimum cosine {engine.self_check_cosine:.6f}" in caplog.text
 
 
@@ -45,7 +46,7 @@ def test_float32_needs_no_second_model(folders):
 def test_overflowing_float16_path_refuses_to_load(folders):
     ModelRunner(str(folders["bert-overflow"]), device="cpu", dtype="float32")  # fine in fp32
     with pytest.raises(SelfCheckError, match=r"float16 on cpu vs float32 on the same device gives cosine -1\.0+ "
-                                             r"\(< 0\.999\).*refusing to load"):
+                                             rf"\(< {re.escape(str(MIN_COSINE))}\).*refusing to load"):
         ModelRunner(str(folders["bert-overflow"]), device="cpu", dtype="float16")
     ModelRunner(str(folders["bert"]), device="cpu", dtype="float16")  # same layers, sane weights: loads
 
@@ -85,4 +86,4 @@ def test_rerankers_in_bfloat16_pass_on_their_hidden_states(tmp_path, kind):
 
     save_reranker(kind, tmp_path)
     engine = ModelRunner(str(tmp_path), device="cpu", dtype="bfloat16", task="score")
-    assert 0.999 <= engine.self_check_cosine < 1.0
+    assert MIN_COSINE <= engine.self_check_cosine < 1.0

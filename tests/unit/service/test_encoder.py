@@ -22,18 +22,19 @@ def encode(encoder, replies, name, seqs, options=RAW):
     return encoder.submit(ids, lens, options, replies.callback(name))
 
 
-@pytest.mark.parametrize("ids, lens, message", [
-    ([1, 2], [3], "SEQ_LENS sums to 3 but INPUT_IDS has 2"),
-    ([1, 2], [2, 0], r"SEQ_LENS\[1\] is 0"),
-    ([1, 1000], [2], r"outside \[0, 1000\)"),
-    ([-1], [1], "outside"),
-    ([1] * 65, [65], "at most 64"),
-    ([], [], "SEQ_LENS is empty"),
+@pytest.mark.parametrize("ids, lens, message, field", [
+    ([1, 2], [3], "SEQ_LENS sums to 3 but INPUT_IDS has 2", "SEQ_LENS"),
+    ([1, 2], [2, 0], r"SEQ_LENS\[1\] is 0", "SEQ_LENS"),
+    ([1, 1000], [2], r"outside \[0, 1000\)", "INPUT_IDS"),
+    ([-1], [1], "outside", "INPUT_IDS"),
+    ([1] * 65, [65], "at most 64", "SEQ_LENS"),
+    ([], [], "SEQ_LENS is empty", "SEQ_LENS"),
 ])
-def test_invalid_requests_are_refused_before_queuing(ids, lens, message):
+def test_invalid_requests_are_refused_before_queuing(ids, lens, message, field):
     encoder = make_encoder()
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as refused:
         encoder.submit(np.array(ids, dtype=np.int64), np.array(lens, dtype=np.int64), RAW, lambda *a: None)
+    assert refused.value.field == field
     assert encoder.service.queue_depth() == {"rose_queue_requests": 0, "rose_queue_tokens": 0}
     assert encoder.service.metrics.total("rose_requests_total", outcome="invalid") == 1
     encoder.close()
@@ -64,8 +65,9 @@ def test_options_apply_per_request():
     raw = np.array([expected_row([3, 4])], dtype=np.float32)
     np.testing.assert_allclose(replies.results["unit"][0], raw / np.linalg.norm(raw), rtol=1e-6)
     np.testing.assert_allclose(replies.results["both"][0], [[3 / np.hypot(3, 2), 2 / np.hypot(3, 2)]], rtol=1e-6)
-    with pytest.raises(InputError, match="'dimensions' is 5; the model has 4"):
+    with pytest.raises(InputError, match="'dimensions' is 5; the model has 4") as refused:
         encode(encoder, replies, "wide", [[1]], RequestOptions(dimensions=5))
+    assert refused.value.field == "dimensions"
     encoder.close()
 
 

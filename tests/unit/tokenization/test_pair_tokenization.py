@@ -30,10 +30,12 @@ def test_decode_names_the_bad_item(folders):
     as_bytes = lambda items: np.array(items, dtype=object)
     with pytest.raises(InputError, match="DOCUMENTS is empty"):
         tok.decode(as_bytes([b"q"]), as_bytes([]))
-    with pytest.raises(InputError, match=r"DOCUMENTS\[1\] is not valid UTF-8"):
+    with pytest.raises(InputError, match=r"DOCUMENTS\[1\] is not valid UTF-8") as refused:
         tok.decode(as_bytes([b"q"]), as_bytes([b"ok", b"\xff"]))
-    with pytest.raises(InputError, match="QUERY must hold exactly one text"):
+    assert refused.value.field == "DOCUMENTS"
+    with pytest.raises(InputError, match="QUERY must hold exactly one text") as refused:
         tok.decode(as_bytes([b"a", b"b"]), as_bytes([b"ok"]))
+    assert refused.value.field == "QUERY"
     with pytest.raises(InputError, match=r"QUERY\[0\] is empty"):
         tok.decode(as_bytes([b" "]), as_bytes([b"ok"]))
     assert tok.decode(as_bytes([b"q"]), as_bytes([b"a", b"b"])) == ("q", ["a", "b"])

@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from engine_lib.config import TokenizerConfig
-from engine_lib.errors import InputError
+from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
+from engine_lib.tokenization.text_input import check_texts
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,23 @@ def test_truncation_and_refusal(tokenizer):
 def test_bad_text_input(tokenizer, raw, message):
     with pytest.raises(InputError, match=message):
         tokenizer.decode_texts(raw)
+
+
+@pytest.mark.parametrize("items, too_large, message", [
+    (["ok", " "], False, r"in\[1\] is empty or only whitespace"),
+    (["x"] * 9, True, "in has 9 texts; at most 8 per request"),
+    (["é" * 1001], True, r"in\[0\] is 2002 bytes; at most 2000"),
+    (["é" * 1000, "é" * 1000, "é" * 1000], True, "more than 2500 bytes in all"),
+    (["ok", "\ud800"], False, r"in\[1\] is not valid UTF-8"),
+])
+def test_text_limits_are_the_same_for_strings_and_bytes(tokenizer, items, too_large, message):
+    """The gateway checks JSON strings, the tokenizer models UTF-8 bytes: one function, same answers."""
+    limits = TokenizerConfig(max_texts_per_request=8, max_text_bytes=2000, max_request_bytes=2500)
+    for form in (items, [t.encode("utf-8", "surrogatepass") for t in items]):
+        with pytest.raises(InputError, match=message) as info:
+            check_texts(form, limits, "in")
+        assert isinstance(info.value, InputTooLarge) == too_large and info.value.field == "in"
+    assert check_texts(["é", b"\xc3\xa9"], limits, "in") == ["é", "é"]
 
 
 @pytest.mark.parametrize("params, message", [

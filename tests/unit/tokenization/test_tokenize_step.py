@@ -48,21 +48,24 @@ def test_text_step_gives_the_folder_tokenizers_ids_with_the_configured_prefix(te
     assert out["INPUT_IDS"].tolist() == [i for e in expected for i in e]
 
 
-@pytest.mark.parametrize("texts, params, message", [
-    ([""], None, "TEXT[0] is empty"),
-    ([b"\xc3\x28"], None, "TEXT[0] is not valid UTF-8"),
-    (["x"], {"input_type": "passage"}, "input_type"),
-    (["x"], {"normalise": False}, "unknown request parameter"),
-    (["word " * 400], {"truncate": False}, "more than the model's maximum"),
+@pytest.mark.parametrize("texts, params, message, field", [
+    ([""], None, "TEXT[0] is empty", "TEXT"),
+    ([b"\xc3\x28"], None, "TEXT[0] is not valid UTF-8", "TEXT"),
+    (["x"], {"input_type": "passage"}, "input_type", "input_type"),
+    (["x"], {"truncate": "maybe"}, "'truncate' must be a boolean", "truncate"),
+    (["x"], {"normalise": False}, "unknown request parameter", "normalise"),
+    (["word " * 400], {"truncate": False}, "more than the model's maximum", "TEXT"),
 ])
-def test_text_step_refuses_bad_input_by_name(text_step, texts, params, message):
-    with pytest.raises(InputError, match=re.escape(message)):
+def test_text_step_refuses_bad_input_by_name(text_step, texts, params, message, field):
+    with pytest.raises(InputError, match=re.escape(message)) as refused:
         text_step({"TEXT": as_bytes(texts)}, json.dumps(params) if params else "")
+    assert refused.value.field == field
 
 
 def test_missing_input_is_named(text_step):
-    with pytest.raises(InputError, match="input TEXT is missing"):
+    with pytest.raises(InputError, match="input TEXT is missing") as refused:
         text_step({"TEXT": None}, None)
+    assert refused.value.field == "TEXT"
 
 
 @pytest.fixture(scope="module")

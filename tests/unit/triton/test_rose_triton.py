@@ -1,4 +1,4 @@
-"""rose_triton: error tags and codes survive any wrapping; config parameters and launcher overrides."""
+"""rose_triton: engine errors on the wire (code, field) survive any wrapping; config parameters and launcher overrides."""
 from __future__ import annotations
 
 import json
@@ -7,21 +7,60 @@ import pytest
 
 from engine_lib.config import EncoderConfig, PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError, OverloadError, RequestCancelled
-from rose_triton.errors import client_message, code_name, code_name_from_message
-from rose_triton.parameters import config_from_parameters, config_parameters, env_overrides, sibling_parameters
+from rose_triton.errors import relayed_error, triton_error, wire_error
+from rose_triton.parameters import (
+    config_from_parameters,
+    config_from_pbtxt,
+    config_parameters,
+    env_overrides,
+    sibling_parameters,
+)
+from rose_wire import WireError, decode
 
 
-@pytest.mark.parametrize("error, name", [(InputError("x"), "INVALID_ARG"), (OverloadError("x"), "UNAVAILABLE"),
-                                         (RequestCancelled("x"), "CANCELLED"), (RuntimeError("x"), "INTERNAL")])
-def test_error_messages_carry_their_code(error, name):
-    assert code_name(error) == name
-    wrapped = f"in ensemble 'ensemble', {client_message(error)}"
-    assert code_name_from_message(wrapped) == (None if name == "INTERNAL" else name)
+class FakeTritonError:
+    """pb_utils.TritonError's shape: a message and a code (the class attributes name the codes)."""
+    INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL = "c-invalid", "c-unavailable", "c-cancelled", "c-internal"
+
+    def __init__(self, message, code=INTERNAL):
+        self._message, self._code = message, code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
 
 
-def test_tritons_own_queue_full_message_reads_as_unavailable():
-    assert code_name_from_message("Exceeds maximum queue size") == "UNAVAILABLE"
-    assert code_name_from_message("some other failure") is None
+class FakePbUtils:
+    TritonError = FakeTritonError
+
+
+@pytest.mark.parametrize("error, code, field", [
+    (InputError("TEXT[1] is empty or only whitespace", field="TEXT"), "INVALID_ARG", "TEXT"),
+    (InputError("request parameters are not valid JSON"), "INVALID_ARG", None),
+    (OverloadError("encoder queue is full"), "UNAVAILABLE", None),
+    (RequestCancelled("cancelled by the client"), "CANCELLED", None),
+    (RuntimeError("inference failed: boom"), "INTERNAL", None)])
+def test_engine_errors_reach_the_wire_with_their_code_and_field(error, code, field):
+    triton = triton_error(FakePbUtils, error)
+    assert triton.code() == getattr(FakeTritonError, code)
+    assert decode(f"in ensemble 'ensemble', {triton.message()}") == WireError(code, str(error), field)
+
+
+def test_a_field_the_wire_cannot_carry_is_dropped_not_raised():
+    """The encoder answers from inside its error handling: building the answer must not fail."""
+    assert wire_error(InputError("bad", field="not a name")) == WireError("INVALID_ARG", "bad")
+
+
+def test_a_relayed_bls_error_gets_its_encoded_code_back():
+    """BLS hands a step's error over as INTERNAL: the unary front restores the encoded code;
+    text no model of ours encoded keeps the code it came with."""
+    step = triton_error(FakePbUtils, InputError("parameter 'dimensions' is 999; the model has 384", field="dimensions"))
+    relayed = relayed_error(FakePbUtils, FakeTritonError(step.message(), FakeTritonError.INTERNAL))
+    assert (relayed.code(), relayed.message()) == (FakeTritonError.INVALID_ARG, step.message())
+    foreign = relayed_error(FakePbUtils, FakeTritonError("Stub process 'x' is not healthy", FakeTritonError.INTERNAL))
+    assert (foreign.code(), foreign.message()) == (FakeTritonError.INTERNAL, "Stub process 'x' is not healthy")
 
 
 def test_launcher_environment_overrides_config_pbtxt():
@@ -56,3 +95,21 @@ def test_another_models_config_pbtxt_parameters_and_their_env_prefix(tmp_path, m
     assert (pair.max_length, pair.max_text_bytes) == (64, 99)
     with pytest.raises(FileNotFoundError, match="missing/config.pbtxt"):
         sibling_parameters(args, "missing")
+
+
+def test_precedence_explicit_over_environment_over_config_pbtxt_over_default(tmp_path):
+    """The one rule, as the gateway uses it: --model-dir > ROSE_MODEL_DIR > config.pbtxt > default;
+    a model's env_prefix picks its variables (ROSE_RERANK_ for the reranker's)."""
+    path = tmp_path / "config.pbtxt"
+    path.write_text('parameters [ { key: "model_dir", value: { string_value: "from-pbtxt" } },\n'
+                    '  { key: "max_length", value: { string_value: "64" } } ]\n')
+    env = {"ROSE_MODEL_DIR": "from-env", "ROSE_RERANK_MODEL_DIR": "rerank-env"}
+    assert config_from_pbtxt(TokenizerConfig, str(path), {}).model_dir == "from-pbtxt"
+    assert config_from_pbtxt(TokenizerConfig, str(path), env).model_dir == "from-env"
+    assert config_from_pbtxt(TokenizerConfig, str(path), env, model_dir="flag").model_dir == "flag"
+    assert config_from_pbtxt(TokenizerConfig, str(path), env, model_dir=None).model_dir == "from-env"
+    config = config_from_pbtxt(TokenizerConfig, str(path), {})
+    assert (config.max_length, config.max_text_bytes) == (64, TokenizerConfig.max_text_bytes)
+    path.write_text(path.read_text().replace("parameters [", 'parameters [ { key: "env_prefix", value: '
+                                                                '{ string_value: "ROSE_RERANK_" } },'))
+    assert config_from_pbtxt(PairTokenizerConfig, str(path), env).model_dir == "rerank-env"

@@ -1,7 +1,5 @@
-"""Overhead results JSON -> markdown (tables per path, load, hops, floor)."""
+"""Overhead results -> markdown table lines (per path, load, hops); perf/report.py renders the document."""
 from __future__ import annotations
-
-from ..report import machine_line
 
 HOPS = ("wait", "form", "compute", "respond")
 HOP_NAMES = {"wait": "execute entry -> picked into a batch", "form": "picked -> launched",
@@ -92,40 +90,16 @@ def hop_table(results: dict) -> list[str]:
                     "is its `execute` call, not the request's life).", ""]
 
 
-def markdown(results: dict) -> str:
-    m = results["machine"]
-    busy = results.get("machine_busy_before_rounds", [])
-    lines = [f"# Benchmark `overhead`: {m['date']}", "", results["description"], "",
-             f"- Machine: {machine_line(m)}", f"- Commit: `{m['git_commit']}`; servers: "
-             + ", ".join(f"`{v}`" for v in results["variants"]),
-             f"- Model: near-zero-compute BERT {results['model']['config']} with the default model's tokenizer "
-             f"(`{results['model']['dir']}`)",
-             f"- Settings: {results['settings']}",
-             "- Machine busy before each round (anyone's work): " + ", ".join(f"{b:.0%}" for b in busy),
-             "- Paths: " + "; ".join(f"`{p}` {d}" for p, d in results["paths_described"].items()), "",
-             "## Batch 1, one client, 128 tokens", "",
-             "Overhead = served p50 minus the same model in-process (`ModelRunner.step`, plus the tokenizer where the "
-             "server tokenizes). Client CPU is this harness's own process (tritonclient / http.client).", ""]
-    lines += path_table(results)
-    if results.get("load"):
-        lines += ["## Concurrent clients (closed loop, single texts)", ""] + load_table(results)
-    lines += ["## Where the time goes (per hop)", ""] + hop_table(results)
-    return "\n".join(lines) + "\n"
-
-
-def readme_lines(results: dict, rel) -> list[str]:
+def readme_rows(results: dict) -> list[str]:
     """README rows: overhead and server CPU per path, the first compared server ("before") vs current."""
-    m = results["machine"]
     before = next((v for v in results["variants"] if v != "current"), None)
-    lines = [f"`overhead` profile, {m['date']}, {m['cpu']} ({m['cores']} cores), near-free model, batch 1, "
-             f"128 tokens, same run: [{rel}]({rel})", ""]
     if before is None:
-        lines += ["| path | overhead p50 ms | server CPU ms/req |", "|---|---|---|"]
+        lines = ["| path | overhead p50 ms | server CPU ms/req |", "|---|---|---|"]
         lines += [f"| `{p}` | {_f(r['current']['overhead_p50_ms'])} | "
                   f"{_f(r['current']['server_cpu_ms_per_request'])} |" for p, r in results["paths"].items()]
-        return lines + [""]
-    lines += [f"| path | overhead p50 ms, `{before}` -> now | ratio | server CPU ms/req, `{before}` -> now | ratio |",
-              "|---|---|---|---|---|"]
+        return lines
+    lines = [f"| path | overhead p50 ms, `{before}` -> now | ratio | server CPU ms/req, `{before}` -> now | ratio |",
+             "|---|---|---|---|---|"]
     for path, by_variant in results["paths"].items():
         new, old = by_variant["current"], by_variant.get(before)
         if old is None:
@@ -143,4 +117,4 @@ def readme_lines(results: dict, rel) -> list[str]:
                          f"{new['requests_per_s'] / old['requests_per_s']:.2f}x | "
                          f"{_f(old['server_cpu_ms_per_request'])} -> {_f(new['server_cpu_ms_per_request'])} | "
                          f"{_ratio(new['server_cpu_ms_per_request'], old['server_cpu_ms_per_request'])} |")
-    return lines + ["", "Ratios > 1: now is better (less overhead, less CPU, more requests/s).", ""]
+    return lines + ["", "Ratios > 1: now is better (less overhead, less CPU, more requests/s)."]

@@ -1,0 +1,1 @@
+"""In-process engine profiles, no Triton: `engine-cpu`, `gpu-served`, `gpu-latency` (docs/benchmarks.md)."""

@@ -1,0 +1,32 @@
+"""rose_wire's tensor and model names are the ones every shipped config.pbtxt declares."""
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+import rose_wire
+from rose_wire.names import MODELS, TENSORS
+from testing import REPO
+
+CONFIGS = sorted([*REPO.glob("model_repository/*/config.pbtxt"), *REPO.glob("model_sets/*/*/config.pbtxt")])
+
+
+def read(path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_every_name_is_exported_and_every_model_is_shipped():
+    assert {getattr(rose_wire, n) for n in rose_wire.__all__} >= {*MODELS, *TENSORS}
+    assert sorted(path.parent.name for path in CONFIGS) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name)
+def test_config_pbtxt_names_are_rose_wire_names(path):
+    config = read(path)
+    assert {t.name for t in [*config.input, *config.output]} <= set(TENSORS)
+    for step in config.ensemble_scheduling.step:
+        assert step.model_name in MODELS
+        assert set(step.input_map) | set(step.output_map) <= set(TENSORS)  # the step model's own tensor names
+    parameters = {k: v.string_value for k, v in config.parameters.items()}
+    for key in ("tokenizer_model", "encoder_model"):  # the unary fronts' steps
+        if key in parameters:
+            assert parameters[key] in MODELS
