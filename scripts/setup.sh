@@ -28,7 +28,9 @@ if [[ ! -f "$stamp" ]] || ! grep -qx "$want" "$stamp"; then
   log "installing pinned packages (${LOCKS[*]##*/})"
   args=()
   for lock in "${LOCKS[@]}"; do args+=(-r "$lock"); done
-  "$VENV/bin/python" -m pip install -q "${args[@]}" 2> >(grep -v "^WARNING: Location" >&2)
+  # --no-compile: bytecode is written on first import instead, for the modules actually used
+  # (an install of these locks takes 88 s with it and 37 s without on 2 cores).
+  "$VENV/bin/python" -m pip install -q --no-compile "${args[@]}" 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" >>"$stamp"
 fi
 

@@ -83,8 +83,8 @@ def test_sixteen_concurrent_clients_nothing_lost_or_crossed(server, reference):
     def client(seed):
         rng = random.Random(seed)
         call = list(WAYS.values())[seed % len(WAYS)]
-        for _ in range(3):
-            texts = [rng.choice(pool_texts) for _ in range(rng.randint(1, 64))]
+        for _ in range(2):  # 32 requests of 1-32 texts, all clients in flight together
+            texts = [rng.choice(pool_texts) for _ in range(rng.randint(1, 32))]
             rows = call(server, texts)
             assert rows.shape == (len(texts), 384), (seed, rows.shape)
             cos = cosines(rows, np.stack([reference[t] for t in texts]))

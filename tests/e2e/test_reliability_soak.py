@@ -1,7 +1,8 @@
 """Bounded soak on the session server: mixed request sizes on all four paths,
 several requests in flight per gRPC stream. Every answer is checked row by
 row against its own texts' reference: zero lost, duplicated or misrouted.
-ROSE_SOAK_SECONDS (default 20) sets the length; the long form is e.g. 600."""
+It ends after ROSE_SOAK_REQUESTS answers (default 120, whatever the machine's
+pace); ROSE_SOAK_SECONDS runs it for a time instead (the long form, e.g. 600)."""
 from __future__ import annotations
 
 import os
@@ -19,7 +20,8 @@ from testing.embed_clients import embed_generate, embed_unary_grpc, embed_unary_
 from testing.reliability_helpers import children
 from testing.texts import LONG_TEXTS, MEDIUM_TEXTS, VARIED_TEXTS
 
-SOAK_SECONDS = float(os.environ.get("ROSE_SOAK_SECONDS", "20"))
+SOAK_REQUESTS = int(os.environ.get("ROSE_SOAK_REQUESTS", "120"))
+SOAK_SECONDS = float(os.environ.get("ROSE_SOAK_SECONDS", "0"))  # > 0: time-bound instead
 STREAM_DEPTH = 4  # requests in flight on one stream
 WORDS = ("index query ranking vector shard replica latency cache batch token graph kernel model "
          "router tenant quota region failover snapshot compaction").split()
@@ -43,8 +45,9 @@ def make_pool(reference_model, size=120, seed=0):
 class Ledger:
     """What was sent and what came back, across all workers."""
 
-    def __init__(self, reference):
+    def __init__(self, reference, stop: threading.Event, target: int | None):
         self.reference = reference
+        self.stop, self.target = stop, target  # `stop` is set once `target` requests are answered
         self.lock = threading.Lock()
         self.sent = 0
         self.ok = 0
@@ -59,10 +62,16 @@ class Ledger:
         with self.lock:
             self.ok += 1
             self.misrouted_rows += len(indices) if rows.shape != expected.shape else bad
+        self._answered()
 
     def error(self, exc):
         with self.lock:
             self.errors[str(exc)[:120]] += 1
+        self._answered()
+
+    def _answered(self):
+        if self.target is not None and self.ok + sum(self.errors.values()) >= self.target:
+            self.stop.set()
 
 
 def random_request(rng, pool_size):
@@ -136,7 +145,8 @@ def peak_rss_mib(serve_pid):
 def test_soak_loses_duplicates_and_misroutes_nothing(server, reference_model, record_property):
     pool, reference = make_pool(reference_model)
     assert len(pool) >= 80
-    ledger, stop = Ledger(reference), threading.Event()
+    stop = threading.Event()
+    ledger = Ledger(reference, stop, None if SOAK_SECONDS > 0 else SOAK_REQUESTS)
     workers = [threading.Thread(target=stream_worker, args=(server.grpc_url, pool, ledger, stop, s))
                for s in (1, 2)]
     workers += [threading.Thread(target=unary_worker, args=(way, url, pool, ledger, stop, s))
@@ -146,8 +156,9 @@ def test_soak_loses_duplicates_and_misroutes_nothing(server, reference_model, re
     started = time.monotonic()
     for w in workers:
         w.start()
-    time.sleep(SOAK_SECONDS)
+    reached = stop.wait(SOAK_SECONDS if SOAK_SECONDS > 0 else 240)  # request-bound: the ledger sets it
     stop.set()
+    assert reached or SOAK_SECONDS > 0, f"only {ledger.ok} of {SOAK_REQUESTS} requests answered in 240 s: a hang"
     for w in workers:
         w.join(120)
     assert not any(w.is_alive() for w in workers), "a worker hung: requests lost"
@@ -162,5 +173,5 @@ def test_soak_loses_duplicates_and_misroutes_nothing(server, reference_model, re
     record_property("soak", summary)
     assert (lost, duplicated, ledger.misrouted_rows) == (0, 0, 0), summary
     assert errors == 0, (summary, dict(ledger.errors))
-    if ledger.sent < 20:
+    if SOAK_SECONDS > 0 and ledger.sent < 20:
         pytest.fail(f"too little traffic to mean anything: {summary}")

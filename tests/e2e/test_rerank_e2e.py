@@ -43,7 +43,8 @@ def served(request, tmp_path_factory):
         return
     folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
     save_reranker(request.param, folder)
-    server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True)
+    server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True,
+                          env={"ROSE_WATCHDOG_INTERVAL": "1"})  # its last test waits for the watchdog's restart
     yield request.param, folder, server
     server.stop()
 
