@@ -5,4 +5,5 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh" --test
 cd "$ROOT"
-exec "${ROSE_VENV:-$ROOT/.venv}/bin/python" -m pytest "$@"
+# One worker per core (pytest-xdist); tests that share a server stay on one worker (tests/conftest.py).
+exec "${ROSE_VENV:-$ROOT/.venv}/bin/python" -m pytest -n auto --dist loadgroup "$@"
