@@ -14,6 +14,7 @@ SESSION_SERVER_FIXTURES = {"server", "replicas"}
 QWEN3_SERVER_MODULES = {"test_qwen3_e2e", "test_rerank_e2e"}  # share the session's qwen3_server
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite); with
     pytest-xdist (scripts/test.sh), tests that share a server run on one worker."""
