@@ -5,5 +5,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh" --test
 cd "$ROOT"
-# One worker per core (pytest-xdist); tests that share a server stay on one worker (tests/conftest.py).
-exec "${ROSE_VENV:-$ROOT/.venv}/bin/python" -m pytest -n auto --dist loadgroup "$@"
+exec "${ROSE_VENV:-$ROOT/.venv}/bin/python" -m pytest "$@"

@@ -10,15 +10,8 @@ import pytest
 from rose_triton.server import TritonServer
 
 
-SESSION_SERVER_FIXTURES = {"server", "replicas"}
-QWEN3_SERVER_MODULES = {"test_qwen3_e2e", "test_rerank_e2e"}  # share the session's qwen3_server
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite); with
-    pytest-xdist (scripts/test.sh), tests that share a server run on one worker."""
-    group_servers(items)
+    """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite)."""
     import torch
 
     if torch.cuda.is_available():
@@ -27,27 +20,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def group_servers(items):
-    """xdist_group per server: every module that touches the session's server in one group,
-    the Qwen3 modules in another, each other e2e/deploy module in its own (its module-scoped
-    servers start once); unit tests go wherever a worker is free."""
-    modules: dict[str, list] = {}
-    for item in items:
-        modules.setdefault(item.module.__name__, []).append(item)
-    for name, module_items in modules.items():
-        short = name.rsplit(".", 1)[-1]
-        if any(SESSION_SERVER_FIXTURES & set(item.fixturenames) for item in module_items):
-            group = "session-server"
-        elif short in QWEN3_SERVER_MODULES:
-            group = "qwen3-server"
-        elif "/unit/" in str(module_items[0].path):
-            continue
-        else:
-            group = short
-        for item in module_items:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
