@@ -63,7 +63,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 tests_status=0
 if "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
-  timeout 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="" -rA -q \
+  timeout 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
