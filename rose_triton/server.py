@@ -72,9 +72,14 @@ class TritonServer:
         self._log.flush()
         return self.log_path.read_bytes()[-num_bytes:].decode(errors="replace")
 
-    def stop(self, timeout: float = 60.0) -> int:
+    def terminate(self) -> None:
+        """Ask the launcher to stop (SIGTERM to its process group); `stop()` waits for it."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -82,3 +87,11 @@ class TritonServer:
                 self.process.wait()
         self._log.close()
         return self.process.returncode
+
+
+def stop_all(servers: list[TritonServer]) -> None:
+    """Stop several servers at once: all are signalled before any is waited for."""
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.stop()

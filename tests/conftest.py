@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rose_triton.server import TritonServer
+from rose_triton.server import TritonServer, stop_all
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,7 +23,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory):
+def session_servers():
+    """The session's shared servers, stopped together at the end (each takes seconds to drain)."""
+    started: list[TritonServer] = []
+    yield started
+    stop_all(started)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, session_servers):
     """A real tritonserver on loopback serving model_repository/ (default model).
 
     It has an admin key (perf_analyzer needs the statistics API); the security
@@ -31,8 +39,8 @@ def server(tmp_path_factory):
     runs beside it (`server.gateway_url`), as with `make serve`."""
     instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log", admin_key=secrets.token_hex(16),
                             gateway=True)
-    yield instance
-    instance.stop()
+    session_servers.append(instance)
+    return instance
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +76,7 @@ def replicas(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def qwen3_server(tmp_path_factory):
+def qwen3_server(tmp_path_factory, session_servers):
     """One launch for the Qwen3 family: a random-weight Qwen3 embedder (testing/qwen3_embedder.py)
     as the served model and a random-weight Qwen3 yes/no reranker beside it. Tests only read
     from it, except the reranker's stub-kill test, which waits for the restart."""
@@ -81,5 +89,5 @@ def qwen3_server(tmp_path_factory):
     instance = TritonServer(reranker / "server.log", env={"ROSE_MODEL_DIR": str(embedder.folder)},
                             serve_args=["--rerank-model-dir", str(reranker)], gateway=True)
     instance.embedder, instance.reranker_folder = embedder, reranker
-    yield instance
-    instance.stop()
+    session_servers.append(instance)
+    return instance
