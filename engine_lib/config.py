@@ -116,6 +116,8 @@ class EncoderConfig:
     num_threads: int = 0
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
+    # Test-only (docs/operations.md): while this file exists, batches wait before their step. "" = off.
+    test_hold_file: str = ""
 
     # max_batch_tokens=auto: measured at start-up (batch_budget.py)
     AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs")

@@ -7,6 +7,8 @@ next to the server; every `--interval` s it sends one tiny real request, and
 when the answer names an unhealthy stub it stops the server (SIGTERM, then
 SIGKILL) and exits with RESTART, which tells serve.sh to start a fresh server.
 Overload, timeouts and other errors are not stub deaths and are ignored.
+While a test holds the encoder (ROSE_TEST_HOLD_FILE exists, docs/operations.md) it
+does not probe: a held probe would wait and add to the queue the test counts.
 """
 from __future__ import annotations
 
@@ -73,7 +75,10 @@ def main() -> int:
     parser.add_argument("--probe-rerank", action="store_true", help="also probe the `rerank` ensemble")
     args = parser.parse_args()
     models = ["ensemble"] + (["rerank"] if args.probe_rerank else [])
+    hold_file = os.environ.get("ROSE_TEST_HOLD_FILE", "")
     while sleep_while_alive(args.pid, args.interval):
+        if hold_file and os.path.exists(hold_file):
+            continue
         error = next((e for e in (probe(args.url, args.timeout, m) for m in models) if e), "")
         if error and alive(args.pid):
             print(f"[watchdog] {time.strftime('%H:%M:%S')} {error.strip()}; stopping tritonserver {args.pid}",

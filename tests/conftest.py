@@ -36,9 +36,14 @@ def server(tmp_path_factory, session_servers):
 
     It has an admin key (perf_analyzer needs the statistics API); the security
     tests check that requests without it are refused. The launcher's gateway
-    runs beside it (`server.gateway_url`), as with `make serve`."""
-    instance = TritonServer(tmp_path_factory.mktemp("triton") / "server.log", admin_key=secrets.token_hex(16),
-                            gateway=True)
+    runs beside it (`server.gateway_url`), as with `make serve`. `server.hold`: the encoder's
+    test-only hold (testing/hold.py), released unless a test holds it."""
+    from testing.hold import EncoderHold
+
+    folder = tmp_path_factory.mktemp("triton")
+    hold = EncoderHold(folder)
+    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True, env=hold.env)
+    instance.hold = hold
     session_servers.append(instance)
     return instance
 
@@ -65,7 +70,7 @@ def replicas(request, tmp_path_factory):
     (modules may kill it). B starts in the background while A comes up."""
     started = {}
     log = tmp_path_factory.mktemp("replica_b") / "server.log"
-    thread = threading.Thread(target=lambda: started.setdefault("b", TritonServer(log)))
+    thread = threading.Thread(target=lambda: started.setdefault("b", TritonServer(log)), daemon=True)
     thread.start()
     a = request.getfixturevalue("server")
     thread.join()

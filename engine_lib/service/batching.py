@@ -19,11 +19,16 @@ Fatal failures: if either thread dies, or a step reports a sticky device error
 request with an error, refuses new ones and calls `on_fatal(reason)`; the
 default (engine_lib/service/fatal.py) exits the process so the launcher's watchdog
 restarts the server (never "ready" while hanging requests).
+
+Test-only hold (`hold_file`, EncoderConfig.test_hold_file): while that file exists the
+scheduler picks no batch; queued requests stay queued (and are still checked for
+cancellation), so tests can keep work in flight on any machine. Off (""): never looked at.
 """
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -89,8 +94,10 @@ class BatchingService:
     def __init__(self, engine: Engine, max_batch_tokens: int, max_batch_sequences: int,
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
-                 cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process):
+                 cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process,
+                 hold_file: str = ""):
         self.engine = engine
+        self.hold_file = hold_file  # test-only gate, see the module docstring
         self.max_batch_tokens = max_batch_tokens
         self.failure: Optional[str] = None  # set once, when the service has failed for good
         self._on_fatal = on_fatal
@@ -183,14 +190,22 @@ class BatchingService:
             # the device's pace allows instead of frozen at one sequence.
             self._inflight.acquire()
             with self._lock:
-                while not len(self._batcher) and not self._closing:
-                    self._lock.wait()
+                while not self._closing and (not len(self._batcher) or self._held()):
+                    self._lock.wait(0.01 if len(self._batcher) else None)  # held: look again soon
                 if not len(self._batcher):
                     break  # closing and drained
                 scheduled = self._batcher.next_batch()
             self._launch(scheduled, time.perf_counter())
         self._inflight.release()
         self._launched.put(None)
+
+    def _held(self) -> bool:
+        """Test-only hold (called under _lock with work queued): True while `hold_file` exists;
+        queued requests whose client has gone are answered meanwhile, as at launch."""
+        if not self.hold_file or not os.path.exists(self.hold_file):
+            return False
+        self._drop_cancelled(self._batcher.queued(), popped=False)
+        return True
 
     def _launch(self, scheduled: list[ScheduledSequence], picked_at: float) -> None:
         """Step one picked batch (holding a launch slot) and answer it or hand it to the completion thread."""
@@ -244,8 +259,9 @@ class BatchingService:
             self._finish(key, request, RuntimeError(f"the encoder failed and is restarting: {reason}"))
         self._on_fatal(reason)
 
-    def _drop_cancelled(self, scheduled: list[ScheduledSequence]) -> list[ScheduledSequence]:
-        """Drop sequences of requests whose client has gone; answer those requests."""
+    def _drop_cancelled(self, scheduled: list[ScheduledSequence], popped: bool = True) -> list[ScheduledSequence]:
+        """Drop sequences of requests whose client has gone; answer those requests. `popped`:
+        `scheduled` left the batcher (a batch at launch), else they are still queued (the hold)."""
         cancelled = []
         with self._lock:
             requests = {s.request_key: self._requests.get(s.request_key) for s in scheduled}
@@ -263,7 +279,7 @@ class BatchingService:
                 log.exception("checking cancellation failed")
         if not cancelled:
             return scheduled
-        num_dropped = sum(s.request_key in cancelled for s in scheduled)
+        num_dropped = sum(s.request_key in cancelled for s in scheduled) if popped else 0
         with self._lock:
             num_dropped += sum(self._batcher.drop(key) for key in cancelled)
         self.metrics.count("rose_cancelled_sequences_total", num_dropped)

@@ -56,6 +56,10 @@ class FcfsBatcher:
         self.queued_tokens -= batch_tokens
         return batch
 
+    def queued(self) -> list[ScheduledSequence]:
+        """The queued sequences, in order (a copy)."""
+        return list(self._queue)
+
     def drop(self, request_key: Hashable) -> int:
         """Remove a request's queued sequences (cancellation); returns how many."""
         kept = deque(s for s in self._queue if s.request_key != request_key)

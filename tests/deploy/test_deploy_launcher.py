@@ -20,7 +20,7 @@ import yaml
 from rose_triton.server import REPO, TritonServer
 from testing.dockerfile import image_env, instructions
 from testing.embed_clients import embed_stream
-from testing.reliability_helpers import metric_value
+from testing.hold import EncoderHold, wait_for_metric
 
 TRITON_HOME = REPO / "build" / "pytriton" / "tritonserver"
 
@@ -38,8 +38,11 @@ def container_mode_server(tmp_path_factory):
            "ROSE_VENV": "/nonexistent"}  # were setup.sh to run, it would fail on this
     command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
     tritonserver_flags = command[command.index("--") + 1:]
-    server = TritonServer(tmp_path_factory.mktemp("container") / "server.log", env=env,
+    folder = tmp_path_factory.mktemp("container")
+    hold = EncoderHold(folder)
+    server = TritonServer(folder / "server.log", env={**env, **hold.env},
                           extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
+    server.hold = hold
     yield server
     server.stop()
 
@@ -64,25 +67,28 @@ def test_container_start_path_runs_the_gateway(container_mode_server, reference_
 
 def test_sigterm_finishes_the_request_in_flight(container_mode_server):
     """Kubernetes sends SIGTERM to the container's main process (serve.sh, which
-    passes it on to tritonserver); what is in flight must still be answered.
-    The request is seconds of work on this CPU and the signal waits until the
-    encoder reports it queued, so it is in flight whatever the machine's pace."""
-    texts = [f"request {i} in flight while the pod is told to stop " * 10 for i in range(400)]
-    client = grpcclient.InferenceServerClient(container_mode_server.grpc_url)
+    passes it on to tritonserver); what is in flight must still be answered. The
+    encoder's test-only hold keeps the request queued until tritonserver reports it
+    waiting for it, whatever the machine's pace."""
+    server = container_mode_server
+    texts = [f"request {i} in flight while the pod is told to stop" for i in range(40)]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     text = grpcclient.InferInput("TEXT", [len(texts)], "BYTES")
     text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
-    client.async_stream_infer("ensemble", [text])
-    deadline = time.monotonic() + 60
-    while metric_value(container_mode_server.metrics_url, "rose_queue_requests") < 1:
-        assert responses.empty(), "answered before the encoder's queue gauge showed it: make the request bigger"
-        assert time.monotonic() < deadline, "the encoder never reported the request queued"
-        time.sleep(0.02)
-    os.kill(container_mode_server.process.pid, signal.SIGTERM)
+    waiting = re.compile(r"'ensemble' \(version 1\) has [1-9]\d* in-flight")
+    with server.hold:
+        client.async_stream_infer("ensemble", [text])
+        wait_for_metric(server.metrics_url, "rose_queue_requests", 1, why="(the request never reached the encoder)")
+        os.kill(server.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not waiting.search(server.log_tail(200_000)):
+            assert responses.empty(), "answered while held"
+            assert time.monotonic() < deadline, f"tritonserver never waited for the request:\n{server.log_tail()}"
+            time.sleep(0.1)
     result, error = responses.get(timeout=120)
     client.stop_stream()  # an open stream would hold the ensemble until --exit-timeout-secs
     client.close()
     assert error is None and result.as_numpy("EMBEDDINGS").shape == (len(texts), 384)
-    assert container_mode_server.process.wait(60) == 0
-    assert re.search(r"'ensemble' \(version 1\) has [1-9]\d* in-flight", container_mode_server.log_tail(200_000))
+    assert server.process.wait(60) == 0

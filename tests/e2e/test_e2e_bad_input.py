@@ -63,7 +63,7 @@ def test_bad_input_on_stream_does_not_disturb_concurrent_good_requests(server):
             except InferenceServerException as exc:
                 errors.append((message, str(exc)))
 
-    threads = [threading.Thread(target=good_client) for _ in range(3)] + [threading.Thread(target=bad_client)]
+    threads = [threading.Thread(target=good_client, daemon=True) for _ in range(3)] + [threading.Thread(target=bad_client, daemon=True)]
     for t in threads:
         t.start()
     for t in threads:

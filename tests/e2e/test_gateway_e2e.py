@@ -151,8 +151,9 @@ def gateway_samples(gateway_url) -> dict[str, float]:
 
 
 def test_a_client_that_leaves_stops_its_queued_chunks(server, client):
-    """Seconds of chunks for one replica; the client hangs up once the first are in flight:
-    the rest are never sent, the metrics say so, and the gateway keeps serving."""
+    """Seconds of chunks for one replica, held in the encoder (testing/hold.py); the client
+    hangs up once the first are in flight: the rest are never sent, the metrics say so, and
+    the gateway keeps serving."""
     inflight = f'gateway_replica_inflight{{replica="{server.grpc_url}"}}'
     done = f'gateway_replica_chunks_completed{{replica="{server.grpc_url}"}}'
     planned = 'gateway_chunks_total{endpoint="embeddings"}'
@@ -163,10 +164,15 @@ def test_a_client_that_leaves_stops_its_queued_chunks(server, client):
     connection.request("POST", "/v1/embeddings", json.dumps({"model": MODEL, "input": texts}),
                        {"Content-Type": "application/json"})
     deadline = time.monotonic() + 60
-    while gateway_samples(server.gateway_url).get(inflight, 0) < 1:
-        assert time.monotonic() < deadline, "no chunk of the request ever went out"
-        time.sleep(0.02)
-    connection.close()
+    with server.hold:  # nothing is answered before the client leaves, on any machine
+        while gateway_samples(server.gateway_url).get(inflight, 0) < 1:
+            assert time.monotonic() < deadline, "no chunk of the request ever went out"
+            time.sleep(0.02)
+        connection.close()
+        while gateway_samples(server.gateway_url).get("gateway_client_disconnects_total", 0) \
+                < before.get("gateway_client_disconnects_total", 0) + 1:
+            assert time.monotonic() < deadline, "the gateway never saw the client leave"
+            time.sleep(0.02)
     while (now := gateway_samples(server.gateway_url)).get(inflight, 0) or now["gateway_pending_tokens"]:
         assert time.monotonic() < deadline, "the chunks in flight never finished"
         time.sleep(0.1)

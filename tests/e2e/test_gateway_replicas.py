@@ -76,14 +76,15 @@ def test_killing_a_replica_mid_job_loses_and_duplicates_nothing(gateway, replica
     texts = make_texts(800, seed=2)
     before = replica_metrics(gateway, "gateway_replica_chunks_completed")
     result = {}
-    job = threading.Thread(target=lambda: result.setdefault("rows", embed(gateway, texts)))
-    job.start()
-    deadline = time.monotonic() + 120
-    while replica_metrics(gateway, "gateway_replica_chunks_completed")[b.grpc_url] < before[b.grpc_url] + 3:
-        assert job.is_alive() and time.monotonic() < deadline, "B took no chunks before the job ended"
-        time.sleep(0.02)
-    os.killpg(b.process.pid, signal.SIGKILL)
-    b.process.wait()
+    job = threading.Thread(target=lambda: result.setdefault("rows", embed(gateway, texts)), daemon=True)
+    with a.hold:  # A keeps its chunks (testing/hold.py): the job cannot end before B did some and died
+        job.start()
+        deadline = time.monotonic() + 120
+        while replica_metrics(gateway, "gateway_replica_chunks_completed")[b.grpc_url] < before[b.grpc_url] + 3:
+            assert job.is_alive() and time.monotonic() < deadline, "B took no chunks before the job ended"
+            time.sleep(0.02)
+        os.killpg(b.process.pid, signal.SIGKILL)
+        b.process.wait()
     job.join(300)
     assert "rows" in result, "the job did not finish after B died"
     rows = result["rows"]

@@ -147,9 +147,9 @@ def test_soak_loses_duplicates_and_misroutes_nothing(server, reference_model, re
     assert len(pool) >= 80
     stop = threading.Event()
     ledger = Ledger(reference, stop, None if SOAK_SECONDS > 0 else SOAK_REQUESTS)
-    workers = [threading.Thread(target=stream_worker, args=(server.grpc_url, pool, ledger, stop, s))
+    workers = [threading.Thread(target=stream_worker, args=(server.grpc_url, pool, ledger, stop, s), daemon=True)
                for s in (1, 2)]
-    workers += [threading.Thread(target=unary_worker, args=(way, url, pool, ledger, stop, s))
+    workers += [threading.Thread(target=unary_worker, args=(way, url, pool, ledger, stop, s), daemon=True)
                 for s, (way, url) in enumerate([(embed_unary_grpc, server.grpc_url),
                                                 (embed_unary_http, server.http_url),
                                                 (embed_generate, server.http_url)], start=3)]

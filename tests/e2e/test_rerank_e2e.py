@@ -250,7 +250,7 @@ def test_concurrent_embed_and_rerank_nothing_crosses(served):
     calls += [(("score", i), lambda q=q, d=d: score_unary(server, [q], d)) for i, (q, d) in enumerate(rerank_jobs)]
     calls += [(("embed", i), lambda t=t: embed_stream(server.grpc_url, t)) for i, t in enumerate(embed_jobs)]
     calls += [(("bad", 0), lambda: rerank_stream(server, [QUERY], []))]
-    threads = [threading.Thread(target=run, args=call) for call in calls]
+    threads = [threading.Thread(target=run, args=call, daemon=True) for call in calls]
     for t in threads:
         t.start()
     for t in threads:

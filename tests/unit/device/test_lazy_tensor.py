@@ -104,7 +104,7 @@ def test_cuda_lazy_tensor_copies_after_the_forward_and_releases_the_gil():
             time.sleep(0.001)
         finished["ticker"] = time.monotonic()
 
-    ticker = threading.Thread(target=tick)
+    ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     result = lazy.wait()
     finished["wait"] = time.monotonic()

@@ -37,7 +37,7 @@ def test_every_request_gets_its_own_rows_exactly_once():
             requests[name] = random_request(rng)
             submit(service, replies, name, requests[name])
 
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
+    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,0 +1,42 @@
+"""The encoder's test-only hold, seen from a test: a gate file the test controls.
+
+A server started with `hold.env` (ROSE_TEST_HOLD_FILE, EncoderConfig.test_hold_file)
+keeps the batch its encoder picked from stepping while the gate file exists, so work the
+test sent stays in flight until the test releases it, on a fast machine as on a slow one.
+The launcher's watchdog does not probe while it is held (scripts/watchdog.py).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from testing.reliability_helpers import metric_value
+
+
+class EncoderHold:
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / "encoder.hold"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"ROSE_TEST_HOLD_FILE": str(self.path)}
+
+    def __enter__(self) -> "EncoderHold":
+        self.path.touch()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def wait_for_metric(metrics_url: str, prefix: str, at_least: float, timeout: float = 60, why: str = "") -> float:
+    """Poll the server's metrics until the samples starting with `prefix` sum to `at_least`
+    (the encoder publishes every 0.5 s); fails the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (value := metric_value(metrics_url, prefix)) < at_least:
+        assert time.monotonic() < deadline, f"{prefix} stayed at {value} < {at_least} for {timeout}s {why}"
+        time.sleep(0.05)
+    return value

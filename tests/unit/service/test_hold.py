@@ -1,0 +1,88 @@
+"""The test-only hold of BatchingService (EncoderConfig.test_hold_file): while its file
+exists no batch is picked; queued requests are still checked for cancellation (at launch
+a request is checked once: more checks prove the hold); closing ends the hold; off by
+default and set through the one config path (ROSE_TEST_HOLD_FILE)."""
+from __future__ import annotations
+
+import time
+
+from engine_lib.config import EncoderConfig
+from engine_lib.errors import RequestCancelled
+from rose_triton.parameters import config_from_parameters
+from testing.fake_engine import FakeEngine, Replies, make_service, submit
+
+
+def wait_until(predicate, timeout=5):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+class Checks:
+    """An is_cancelled that counts its calls and says True once told to."""
+
+    def __init__(self):
+        self.calls, self.cancelled = 0, False
+
+    def __call__(self):
+        self.calls += 1
+        return self.cancelled
+
+
+def test_a_held_batch_waits_for_the_file_to_go_then_runs(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    engine = FakeEngine()
+    service = make_service(engine, hold_file=str(hold))
+    replies, checks = Replies(), Checks()
+    submit(service, replies, "held", [[5, 6], [7]], is_cancelled=checks)
+    wait_until(lambda: checks.calls >= 3)
+    assert engine.batches == [] and replies.results == {}
+    assert service.queue_depth() == {"rose_queue_requests": 1, "rose_queue_tokens": 3}
+    hold.unlink()
+    replies.wait_for(1)
+    assert engine.batches == [[[5, 6], [7]]] and replies.results["held"][1] is None
+    submit(service, replies, "after", [[9]])  # no file: no hold
+    replies.wait_for(2)
+    service.close()
+
+
+def test_a_request_cancelled_while_held_is_answered_without_a_step(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    engine = FakeEngine()
+    service = make_service(engine, hold_file=str(hold))
+    replies, checks = Replies(), Checks()
+    submit(service, replies, "gone", [[1, 2], [3]], is_cancelled=checks)
+    wait_until(lambda: checks.calls >= 3)
+    checks.cancelled = True
+    replies.wait_for(1)  # while the file still exists
+    assert isinstance(replies.results["gone"][1], RequestCancelled) and engine.batches == []
+    assert service.queue_depth() == {"rose_queue_requests": 0, "rose_queue_tokens": 0}
+    assert service.metrics.total("rose_cancelled_sequences_total") == 2
+    hold.unlink()
+    service.close()
+
+
+def test_closing_ends_the_hold_and_drains(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    engine = FakeEngine()
+    service = make_service(engine, hold_file=str(hold))
+    replies, checks = Replies(), Checks()
+    submit(service, replies, "held", [[4]], is_cancelled=checks)
+    wait_until(lambda: checks.calls >= 3)
+    service.close(timeout=10)
+    assert replies.results["held"][1] is None and engine.batches == [[[4]]]
+    assert hold.exists()
+
+
+def test_the_hold_is_off_by_default_and_set_through_the_environment(tmp_path):
+    assert EncoderConfig().test_hold_file == ""
+    assert make_service(FakeEngine()).hold_file == ""
+    config = config_from_parameters(EncoderConfig, {}, {"ROSE_TEST_HOLD_FILE": str(tmp_path / "hold")})
+    assert config.test_hold_file == str(tmp_path / "hold")
+    reranker = config_from_parameters(EncoderConfig, {"env_prefix": "ROSE_RERANK_"},
+                                      {"ROSE_TEST_HOLD_FILE": str(tmp_path / "hold")})
+    assert reranker.test_hold_file == ""  # the reranker's encoder reads ROSE_RERANK_TEST_HOLD_FILE
