@@ -4,7 +4,9 @@
 
 Reads a text file (one text per line) or JSONL, writes .npy ([N, D] float32,
 row i = input line i) or .parquet (columns id, embedding). Interrupted? Run the
-same command again: finished chunks are kept (see rose_client/store.py).
+same command again: finished chunks are kept (see rose_client/store.py). Every
+replica is probed first: they must serve one model, the model the job started
+with (identity.py); OUT.lock keeps a second run off the same output.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from rose_wire import ENSEMBLE
 from .aio import JobFailed
 from .chunking import plan_fingerprint
 from .client import EmbeddingClient
+from .identity import ModelMismatch
 from .inputs import read_input
 from .scheduling import RetryPolicy
-from .store import ResumableOutput, ResumeMismatch
+from .store import OutputLock, OutputLocked, ResumableOutput, ResumeMismatch
 from .tokens import ByteEstimator, TokenizerCounter
 
 
@@ -50,6 +53,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    with OutputLock(args.output) as lock:
+        if lock.stale_holder:
+            print(f"note: took over {lock.path} from a run that is gone ({lock.stale_holder})", file=sys.stderr)
+        return _run_locked(args)
+
+
+def _run_locked(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and not args.overwrite:
         print(f"{args.output} exists; pass --overwrite to replace it", file=sys.stderr)
         return 2
@@ -66,8 +76,15 @@ def run(args: argparse.Namespace) -> int:
     parameters = {"input_type": args.input_type, "dimensions": args.dimensions,
                   "normalize": not args.no_normalize, "truncate": not args.no_truncate}
     chunks = client.plan(job_input.texts)
+    try:
+        identity, silent = client.model_identity(parameters)
+    except JobFailed as exc:
+        print(f"job failed: {exc}", file=sys.stderr)
+        return 1
+    for url, why in silent.items():
+        print(f"warning: {url} did not answer the model probe ({why}); not used", file=sys.stderr)
     output = ResumableOutput(args.output, {
-        "input_sha256": job_input.sha256, "num_texts": len(job_input.texts), "model": args.model,
+        "input_sha256": job_input.sha256, "num_texts": len(job_input.texts), "model": identity.to_json(),
         "chunk_plan": plan_fingerprint(chunks), "parameters": parameters})
     try:
         done = output.open()
@@ -102,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (ResumeMismatch, ValueError, FileNotFoundError) as exc:
+    except (ModelMismatch, OutputLocked, ResumeMismatch) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

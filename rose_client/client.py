@@ -9,9 +9,10 @@ import numpy as np
 
 from rose_wire import EMBEDDINGS, ENSEMBLE, TEXT
 
-from .aio import AsyncDispatcher
-from .aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+from .aio import AsyncDispatcher, JobFailed
+from .aio_stream import AsyncStreamSlot, Call, ReplicaChannel, ReplicaError
 from .chunking import Chunk, plan_chunks
+from .identity import PROBE_TEXT, ModelIdentity, ModelMismatch
 from .replicas import resolve_replicas
 from .scheduling import RetryPolicy
 from .tokens import ByteEstimator, TokenCounter
@@ -80,14 +81,44 @@ class EmbeddingClient:
             batch = np.array([t.encode("utf-8") for t in texts[chunk.start:chunk.stop]], dtype=np.object_)
             return Call(self.model, {TEXT: batch}, EMBEDDINGS, parameters or {}, rows=chunk.num_texts)
 
-        job = self._run(chunks, call, deliver)
+        _run_to_end(self._run(chunks, call, deliver))
+
+    def model_identity(self, parameters: dict | None = None) -> tuple[ModelIdentity, dict[str, str]]:
+        """Embed identity.PROBE_TEXT on every replica (with `parameters`, all dimensions) ->
+        (the served model's identity, {url: why} of replicas that did not answer). Those are
+        dropped from `urls`, so no job runs on a model nobody checked; raises ModelMismatch
+        when the replicas that answer serve different models, JobFailed when none answers."""
+        probes = _run_to_end(self._probe({**(parameters or {}), "dimensions": 0}))
+        silent = {url: str(result) for url, result in probes.items() if isinstance(result, ReplicaError)}
+        identities = {url: ModelIdentity.from_probe(self.model, rows[0])
+                      for url, rows in probes.items() if url not in silent}
+        if not identities:
+            raise JobFailed(f"no replica answered the model probe: {silent}")
+        first_url, first = next(iter(identities.items()))
+        for url, identity in identities.items():
+            if not identity.matches(first):
+                raise ModelMismatch(f"replicas serve different models: {first_url} {first}, {url} {identity}")
+        self.urls = [url for url in self.urls if url in identities]
+        return first, silent
+
+    async def _probe(self, parameters: dict) -> dict:
+        channels = {url: ReplicaChannel(url) for url in self.urls}
+        call = Call(self.model, {TEXT: np.array([PROBE_TEXT.encode()], dtype=np.object_)}, EMBEDDINGS, parameters, rows=1)
+
+        async def probe(url: str):
+            slot = AsyncStreamSlot(channels[url], self.request_timeout)
+            try:
+                return await slot.call(call)
+            except ReplicaError as exc:
+                return exc
+            finally:
+                await slot.close()
+
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # the usual case: no event loop in this thread
-            asyncio.run(job)
-            return
-        with ThreadPoolExecutor(1) as pool:  # e.g. a notebook's loop: run ours beside it
-            pool.submit(asyncio.run, job).result()
+            return dict(zip(self.urls, await asyncio.gather(*(probe(url) for url in self.urls))))
+        finally:
+            for channel in channels.values():
+                await channel.close()
 
     async def _run(self, chunks: Sequence[Chunk], call: Callable[[Chunk], Call],
                    deliver: Callable[[Chunk, np.ndarray], None]) -> None:
@@ -102,6 +133,16 @@ class EmbeddingClient:
             await dispatcher.close()
             for channel in channels.values():
                 await channel.close()
+
+
+def _run_to_end(coroutine):
+    """Run `coroutine` on an event loop of its own -> its result."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no event loop in this thread
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:  # e.g. a notebook's loop: run ours beside it
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _check_texts(texts: Sequence[str]) -> None:

@@ -5,22 +5,93 @@ finished chunk is appended to `OUT.journal` only after its rows were flushed
 to disk, so a journal line always means "these rows are on disk". A resumed
 job skips journaled chunks; a half-written last line is ignored (that chunk
 is simply embedded again). On completion the final file replaces both.
+
+The journal's header records the job, the served model's identity among it
+(identity.py): resuming against another model raises ModelMismatch. `OutputLock`
+(OUT.lock) keeps a second run off an output that a live run is writing.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 from typing import Sequence
 
 import numpy as np
 
 from .chunking import Chunk
+from .identity import ModelIdentity, ModelMismatch
 
 FORMATS = (".npy", ".parquet")
 
 
 class ResumeMismatch(RuntimeError):
     """The journal next to the output belongs to a different job."""
+
+
+class OutputLocked(RuntimeError):
+    """Another run, still alive, is writing the same output."""
+
+
+class OutputLock:
+    """OUT.lock, flock()ed while a run writes OUT: a second run fails at once, naming the
+    holder. The kernel drops the lock when its process dies, so the file a killed run left
+    behind is taken over (`stale_holder` says whose it was)."""
+
+    def __init__(self, output_path: str):
+        self.output_path = output_path
+        self.path = output_path + ".lock"
+        self.stale_holder = ""
+        self._file = None
+
+    def acquire(self) -> "OutputLock":
+        while True:
+            lock_file = open(self.path, "a+")
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(lock_file)
+                lock_file.close()
+                raise OutputLocked(f"{self.path}: another run ({holder or 'holder unknown'}) is writing "
+                                   f"{self.output_path}; wait for it to end or stop it") from None
+            if _is_current(lock_file, self.path):
+                break
+            lock_file.close()  # the run we waited on removed it as we opened it: take the new one
+        self.stale_holder = _holder(lock_file)
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock_file.flush()
+        self._file = lock_file
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            try:
+                os.remove(self.path)  # still locked: whoever opens it now retries on a fresh file
+            except FileNotFoundError:
+                pass
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def _holder(lock_file) -> str:
+    lock_file.seek(0)
+    return lock_file.read().strip()
+
+
+def _is_current(lock_file, path: str) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(lock_file.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 class ResumableOutput:
@@ -30,7 +101,9 @@ class ResumableOutput:
         self.output_path = output_path
         self.partial_path = output_path + ".partial.npy"
         self.journal_path = output_path + ".journal"
-        self.job = job  # what must match to resume: input hash, chunk plan, request parameters
+        # What must match to resume: input hash, chunk plan, request parameters, and under
+        # "model" the served model's identity (ModelIdentity.to_json(), matched with tolerance).
+        self.job = job
         self._rows: np.ndarray | None = None
         self._journal = None
 
@@ -96,6 +169,13 @@ class ResumableOutput:
             header = json.loads(lines[0])
         except json.JSONDecodeError:
             header = None
+        if isinstance(header, dict) and "model" in self.job:
+            recorded, served = ModelIdentity.from_json(header.get("model")), ModelIdentity.from_json(self.job["model"])
+            if not served.matches(recorded):
+                raise ModelMismatch(f"{self.journal_path} was written with model {recorded or header.get('model')}, "
+                                    f"the replicas now serve {served}: resuming would mix two models' vectors in "
+                                    f"one file; resume against the first model, or delete it to start over")
+            header = {**header, "model": self.job["model"]}
         if header != self.job:
             differ = sorted(k for k in self.job if not isinstance(header, dict) or header.get(k) != self.job[k])
             raise ResumeMismatch(f"{self.journal_path} belongs to another job (differs in {differ}); "

@@ -1,6 +1,7 @@
 """rose_client and the bulk tool against two real tritonservers on loopback.
 
 Replica A is the session's server, replica B starts here. The last test kills B.
+The session's Qwen3 server plays "another model" for the bulk tool's resume check.
 """
 import os
 import random
@@ -12,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from rose_client import EmbeddingClient
+from rose_client import EmbeddingClient, bulk
+from rose_client.store import ResumableOutput
 from rose_triton.server import REPO
 from testing.embed_clients import embed_stream
 
@@ -79,6 +81,40 @@ def test_bulk_interrupted_and_resumed_writes_the_same_rows(replicas, single_serv
     total = int(second.stderr.split(" of ")[1].split(" chunks")[0])
     assert done_before <= resumed < total
     np.testing.assert_allclose(np.load(output_path), single_server_rows, rtol=0, atol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["docs.txt", "vectors.npy"]
+
+
+def test_bulk_resumed_against_another_model_is_refused(replicas, qwen3_server, single_server_rows, tmp_path,
+                                                       monkeypatch, capsys):
+    """The first run stops after two chunks (a full disk, injected in this process); the
+    same command against the Qwen3 server, or against both models, is refused and leaves the
+    files as they were; against the first model it resumes and writes the same rows."""
+    texts = TEXTS[:120]
+    input_path, output_path = tmp_path / "docs.txt", tmp_path / "vectors.npy"
+    input_path.write_text("".join(t + "\n" for t in texts))
+    real_write, written = ResumableOutput.write, []
+
+    def write_two_then_fail(self, chunk, rows):
+        if len(written) == 2:
+            raise OSError("no space left on device")
+        written.append(chunk.index)
+        real_write(self, chunk, rows)
+
+    monkeypatch.setattr(ResumableOutput, "write", write_two_then_fail)
+    with pytest.raises(OSError, match="no space left"):
+        bulk.main(bulk_command(input_path, output_path, replicas)[3:])
+    monkeypatch.undo()
+    capsys.readouterr()
+    kept = {p: p.read_bytes() for p in (tmp_path / "vectors.npy.journal", tmp_path / "vectors.npy.partial.npy")}
+    for others in ([qwen3_server], [replicas[0], qwen3_server]):
+        refused = subprocess.run(bulk_command(input_path, output_path, others), cwd=REPO, capture_output=True,
+                                 text=True, timeout=120)
+        assert refused.returncode == 2 and "error: ModelMismatch: " in refused.stderr, refused.stderr
+        assert {p: p.read_bytes() for p in kept} == kept
+    resumed = subprocess.run(bulk_command(input_path, output_path, replicas), cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+    assert resumed.returncode == 0 and "resuming: 2 of " in resumed.stderr, resumed.stderr
+    np.testing.assert_allclose(np.load(output_path), single_server_rows[:len(texts)], rtol=0, atol=1e-6)
     assert sorted(os.listdir(tmp_path)) == ["docs.txt", "vectors.npy"]
 
 

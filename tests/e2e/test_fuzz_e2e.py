@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 
@@ -31,7 +30,7 @@ EXAMPLES = int(os.environ.get("ROSE_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 derandomize="ROSE_FUZZ_EXAMPLES" not in os.environ,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-CALL_SECONDS = 60  # a bound on any one call; a hang fails the test
+CALL_SECONDS = 60  # client timeout of the stream and generate calls (a hang of the others: pytest's timeout)
 DIM = 384
 PATHS = {"stream": embed_stream, "unary_grpc": embed_unary_grpc, "unary_http": embed_unary_http,
          "generate": embed_generate}
@@ -93,7 +92,6 @@ def check_rows(rows, texts, options, pooled_model):
 
 def call(server, path, items, params):
     url = server.http_url if path in ("unary_http", "generate") else server.grpc_url
-    started = time.monotonic()
     try:
         if path == "stream":
             result = embed_stream(url, items, params, timeout=CALL_SECONDS)
@@ -103,7 +101,6 @@ def call(server, path, items, params):
             result = PATHS[path](url, items, params)
     except CLIENT_ERRORS as exc:
         result = exc
-    assert time.monotonic() - started < CALL_SECONDS
     return result
 
 
@@ -163,19 +160,16 @@ HUGE = [
 
 
 @pytest.mark.parametrize("name, items, message", HUGE, ids=[h[0] for h in HUGE])
-def test_oversized_requests_are_refused_quickly(server, name, items, message):
-    started = time.monotonic()
-    for path in ("stream", "unary_http"):
-        result = call(server, path, items, None)
-        assert isinstance(result, CLIENT_ERRORS) and message in str(result), (path, result)
-    assert time.monotonic() - started < 30
+def test_oversized_requests_are_refused_before_the_encoder(server, name, items, message):
+    with server.hold:  # the encoder computes nothing meanwhile (testing/hold.py): the refusal cannot wait for it
+        for path in ("stream", "unary_http"):
+            result = call(server, path, items, None)
+            assert isinstance(result, CLIENT_ERRORS) and message in str(result), (path, result)
 
 
 def test_a_megabyte_of_text_is_cut_and_embedded_like_its_start(server, pooled_model):
     text = (" ".join(VARIED_TEXTS) * 200).encode()[:1 << 20].decode(errors="ignore")  # cut, then truncated
-    started = time.monotonic()
     rows = embed_stream(server.grpc_url, [text])
-    assert time.monotonic() - started < 10
     check_rows(rows, [text[:20_000]], RequestOptions(), pooled_model)
 
 
