@@ -190,7 +190,7 @@ class BatchingService:
             # the device's pace allows instead of frozen at one sequence.
             self._inflight.acquire()
             with self._lock:
-                while not self._closing and (not len(self._batcher) or self._held()):
+                while not self._closing and (not len(self._batcher) or (self.hold_file and self._held())):
                     self._lock.wait(0.01 if len(self._batcher) else None)  # held: look again soon
                 if not len(self._batcher):
                     break  # closing and drained
@@ -202,7 +202,7 @@ class BatchingService:
     def _held(self) -> bool:
         """Test-only hold (called under _lock with work queued): True while `hold_file` exists;
         queued requests whose client has gone are answered meanwhile, as at launch."""
-        if not self.hold_file or not os.path.exists(self.hold_file):
+        if not os.path.exists(self.hold_file):
             return False
         self._drop_cancelled(self._batcher.queued(), popped=False)
         return True

@@ -118,7 +118,7 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
     refused = [e for r, e, held in answered + outcomes_after if e is not None]
     accepted = [r for r, e, held in answered + outcomes_after if e is None]
     assert refused and accepted and len(refused) + len(accepted) == 16
-    assert all(e is not None and held for _, e, held in answered), "a request was answered while held"
+    assert all(e is not None and held for _, e, held in answered), "an accepted request was answered while held"
     assert all(e is None for _, e, _ in outcomes_after), "a refusal waited for the queue to drain"
     assert all("overloaded: encoder queue is full" in str(e) for e in refused), refused[0]
     for rows in accepted:
