@@ -13,6 +13,7 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 
 import rose_client.client
 from rose_client import EmbeddingClient, JobFailed, bulk
+from rose_client.chunking import plan_chunks
 from rose_client.identity import PROBE_TEXT, ModelIdentity, ModelMismatch
 from rose_client.store import OutputLock, OutputLocked, ResumableOutput
 from testing import REPO
@@ -102,10 +103,13 @@ def test_a_journal_of_another_model_is_refused_and_left_as_it_was(tmp_path):
     out = str(tmp_path / "v.npy")
     first = ResumableOutput(out, {**JOB, "model": identity("A").to_json()})
     first.open()
+    first.write(plan_chunks([1] * 4, 2, 10)[0], np.ones((2, DIM), dtype=np.float32))
     first.close()
     journal = (tmp_path / "v.npy.journal").read_bytes()
     slightly_off = ModelIdentity("ensemble", DIM, tuple(v + 1e-4 for v in identity("A").fingerprint))
-    ResumableOutput(out, {**JOB, "model": slightly_off.to_json()}).open()  # same model, another device
+    same = ResumableOutput(out, {**JOB, "model": slightly_off.to_json()})  # same model, another device
+    assert same.open() == {0}
+    same.close()
     with pytest.raises(ModelMismatch, match=r"v.npy.journal was written with model ensemble \(48 dimensions"):
         ResumableOutput(out, {**JOB, "model": identity("B").to_json()}).open()
     assert (tmp_path / "v.npy.journal").read_bytes().startswith(journal)
