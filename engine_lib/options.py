@@ -10,6 +10,19 @@ from engine_lib.config import parse_bool
 from engine_lib.errors import InputError
 
 INPUT_TYPES = ("document", "query")
+INT64_MAX = (1 << 63) - 1  # every integer a request carries fits Triton's int64 parameters and tensors
+
+
+def check_integer(name: str, value, minimum: int = 0, maximum: int = INT64_MAX, digits: bool = True) -> int:
+    """The one integer rule: an int (not a bool) in [minimum, maximum]; with `digits`, its ASCII
+    digits too (Triton's string parameters). Anything else is an InputError naming `name`."""
+    if digits and isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name!r} must be an integer, got {value!r}", name)
+    if not minimum <= value <= maximum:
+        raise InputError(f"{name!r} is {value}; it must lie in [{minimum}, {maximum}]", name)
+    return value
 
 
 def _as_bool(name: str, value) -> bool:
@@ -43,26 +56,30 @@ class RequestOptions:
     input_type: str = "document"  # which template prefix the tokenizer applies
     truncate: bool = True          # False: refuse texts longer than the model's maximum
     normalize: bool = True         # L2-normalise each returned row
-    # Matryoshka: keep the first N dimensions. An integer >= 0 (or its ASCII digits); 0 = all.
-    # Above the model's output width the encoder refuses it (service/outputs.py: only it knows the width).
+    # Matryoshka: keep the first N dimensions. An integer in [0, 2**63) (or its ASCII digits); 0 = all.
+    # At most the model's output width (`check_width`: the encoder, and the gateway when it knows the width).
     dimensions: int = 0
 
     @classmethod
-    def from_parameters(cls, params: dict | str | None) -> "RequestOptions":
+    def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
+        """`json_body`: the gateway's JSON body, where an integer is a JSON number, never a string."""
         params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions"})
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
-        dimensions = params.get("dimensions", 0)
-        if isinstance(dimensions, str) and dimensions.isascii() and dimensions.isdigit():
-            dimensions = int(dimensions)
-        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 0:
-            raise InputError(f"parameter 'dimensions' must be a non-negative integer (0 = all), got {dimensions!r}",
-                             "dimensions")
+        try:
+            dimensions = check_integer("dimensions", params.get("dimensions", 0), digits=not json_body)
+        except InputError as exc:
+            raise InputError(f"{exc} (a non-negative integer; 0 = all)", exc.field) from None
         return cls(input_type=input_type,
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
                    dimensions=dimensions)
+
+    def check_width(self, width: int) -> None:
+        """Refuse `dimensions` wider than the model's rows (`width`)."""
+        if self.dimensions > width:
+            raise InputError(f"parameter 'dimensions' is {self.dimensions}; the model has {width}", "dimensions")
 
 
 MAX_INSTRUCTION_CHARS = 4096

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from engine_lib.model_folder import DEFAULT_MODEL
-from rose_client.aio import ChunkRefused, JobFailed
+from rose_client.aio import ChunkRefused, DispatchFault, JobFailed
 from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, RERANK, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
 
 from . import embeddings, rerank
@@ -98,7 +98,7 @@ class Gateway:
 
     async def embeddings(self, request: Request) -> Response:
         self.authorize(request)
-        req = embeddings.parse_request(await self.read_json(request))
+        req = embeddings.parse_request(await self.read_json(request), self.tokenizer.output_dim)
         if req.model != self.model_name:
             raise model_not_found(req.model, [self.model_name])
         self.require_ready()
@@ -137,6 +137,10 @@ class Gateway:
         except ChunkRefused as exc:
             field = exc.error.wire.field
             raise bad_request(exc.error.wire.message, BODY_FIELDS.get(field, field) if field else param) from None
+        except DispatchFault as exc:  # the gateway's own failure, not a replica's: details in the log only
+            log.error("%s failed in the gateway: %s", request.url.path, exc)
+            raise ApiError(500, "the gateway failed to send the request to the encoders", None,
+                           "internal_error") from None
         except JobFailed as exc:
             if exc.last_error is not None and exc.last_error.overloaded:
                 raise ApiError(429, f"the encoders are overloaded: {exc}", None, "rate_limit_exceeded",
@@ -201,12 +205,22 @@ async def _unless_client_leaves(request: Request, job):
 
 
 def _endpoint(gateway: Gateway, name: str, handler):
+    """`handler` under the end-to-end deadline (--request-timeout: 504 past it; its queued
+    chunks are dropped as when the client leaves), with metrics."""
+    limit_s = gateway.config.request_timeout_s
+
     async def run(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            response = await handler(request)
+            async with asyncio.timeout(limit_s) as deadline:
+                response = await handler(request)
         except ApiError as exc:
             response = exc.response()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            response = ApiError(504, f"the request did not finish within {limit_s:g} s", None,
+                                "request_timeout").response()
         gateway.metrics.requests.labels(name, str(response.status_code)).inc()
         gateway.metrics.latency.labels(name).observe(time.perf_counter() - started)
         return response

@@ -1,5 +1,9 @@
 """The Triton side: replicas (DNS-resolved, health-checked), the async chunk
-dispatcher from rose_client, and the two calls the API makes."""
+dispatcher from rose_client, and the two calls the API makes.
+
+The health and DNS loops survive their own failures: an exception in one round
+is logged and the next round runs. A replica that DNS no longer lists takes no
+new chunks; its channel closes once the chunks in flight there have finished."""
 from __future__ import annotations
 
 import asyncio
@@ -79,27 +83,41 @@ class Backend:
             if not now_ready:  # e.g. stopping: let it exit without waiting for our idle streams
                 self._channel(url).drop_idle_streams()
         self.ready, self.rerank_ready = dict(zip(urls, ready)), dict(zip(urls, rerank))
+        await self._close_drained_channels()
 
     async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.health_interval_s)
-            await self._check_health()
+        await self._every(self.config.health_interval_s, self._check_health, "health check")
 
     async def _dns_loop(self) -> None:
         if not any(a.startswith("dns:///") for a in self.config.triton):
             return
+        await self._every(self.config.dns_refresh_s, self._refresh_replicas, "replica refresh")
+
+    @staticmethod
+    async def _every(interval_s: float, step, name: str) -> None:
+        """Run `step` every `interval_s` until cancelled; a round that fails is logged, not fatal."""
         while True:
-            await asyncio.sleep(self.config.dns_refresh_s)
+            await asyncio.sleep(interval_s)
             try:
-                urls = await self._resolve()
-            except (OSError, ValueError) as exc:  # keep the last good list
-                log.warning("resolving %s failed: %s", self.config.triton, exc)
-                continue
-            if urls != self.dispatcher.urls:
-                log.info("replicas now %s", urls)
-                self.dispatcher.set_replicas(urls)
-                for gone in set(self.channels) - set(urls):
-                    await self.channels.pop(gone).close()
+                await step()
+            except Exception:
+                log.exception("%s failed; next try in %gs", name, interval_s)
+
+    async def _refresh_replicas(self) -> None:
+        try:
+            urls = await self._resolve()
+        except (OSError, ValueError) as exc:  # keep the last good list
+            log.warning("resolving %s failed: %s", self.config.triton, exc)
+            urls = self.dispatcher.urls
+        if urls != self.dispatcher.urls:
+            log.info("replicas now %s", urls)
+            self.dispatcher.set_replicas(urls)  # a dropped replica's chunks in flight finish there
+
+    async def _close_drained_channels(self) -> None:
+        """Close the channels of dropped replicas once no chunk is in flight there (each health round)."""
+        served = set(self.dispatcher.urls)
+        for url in [u for u in self.channels if u not in served and not self.dispatcher.has_workers(u)]:
+            await self.channels.pop(url).close()
 
     async def embed(self, encoded: Encoded, parameters: dict) -> np.ndarray:
         """-> float32 [num_inputs, D] in input order; raises rose_client's JobFailed."""

@@ -32,7 +32,7 @@ class GatewayConfig:
     max_rerank_chunk_documents: int = 64
     max_pending_tokens: int = 1 << 20   # tokens accepted and not yet answered; past it 429
     max_body_bytes: int = 8 << 20
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = 120.0    # end-to-end deadline of a request (body read to answer); past it 504
     health_interval_s: float = 1.0
     dns_refresh_s: float = 10.0
 
@@ -43,6 +43,8 @@ class GatewayConfig:
                      "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
 
 
 def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:
@@ -78,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
                  "max_rerank_chunk_documents",
                  "max_pending_tokens", "max_body_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(GatewayConfig, name))
-    p.add_argument("--request-timeout", type=float, default=GatewayConfig.request_timeout_s)
+    p.add_argument("--request-timeout", type=float, default=GatewayConfig.request_timeout_s, metavar="SECONDS",
+                   help="end-to-end deadline of a request, body read to answer (default %(default)g); past it 504")
     args = p.parse_args(argv)
     return GatewayConfig(
         triton=tuple(args.triton or GatewayConfig.triton), host=args.host, port=args.port,

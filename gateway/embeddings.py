@@ -16,7 +16,6 @@ from .errors import bad_request, from_input_error
 
 OPTIONS = ("dimensions", "input_type", "truncate")  # RequestOptions fields a client may set here
 FIELDS = {"input", "model", "encoding_format", "user", *OPTIONS}
-MAX_TOKEN_ID = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,8 @@ def _parse_input(value) -> tuple[list[str] | None, list[list[int]] | None]:
                       "input")
 
 
-def parse_request(body: dict) -> EmbeddingRequest:
+def parse_request(body: dict, width: int | None = None) -> EmbeddingRequest:
+    """`width`: the model's row width when the gateway knows it (`dimensions` above it is refused here)."""
     unknown = sorted(set(body) - FIELDS)
     if unknown:
         raise bad_request(f"unknown field(s) {unknown}; known: {sorted(FIELDS)}", unknown[0])
@@ -76,7 +76,10 @@ def parse_request(body: dict) -> EmbeddingRequest:
     if fmt not in ("float", "base64"):
         raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
     try:
-        options = RequestOptions.from_parameters({name: body[name] for name in OPTIONS if name in body})
+        options = RequestOptions.from_parameters({name: body[name] for name in OPTIONS if name in body},
+                                                 json_body=True)
+        if width is not None:
+            options.check_width(width)
     except InputError as exc:
         raise from_input_error(exc) from None
     if "user" in body and not isinstance(body["user"], (str, type(None))):

@@ -8,7 +8,7 @@ from engine_lib.errors import InputError, InputTooLarge
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
-         500: "server_error", 503: "service_unavailable"}
+         500: "server_error", 503: "service_unavailable", 504: "timeout"}
 
 
 class ApiError(Exception):

@@ -10,7 +10,7 @@ import numpy as np
 
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
-from engine_lib.options import RerankOptions
+from engine_lib.options import RerankOptions, check_integer
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
@@ -60,11 +60,11 @@ def parse_request(body: dict, limits: TextLimits) -> RerankRequest:
         check_texts([query], limits, "query")
         texts = check_texts([_document_text(i, d) for i, d in enumerate(documents)], limits, "documents")
         options = RerankOptions.from_parameters({name: body[name] for name in OPTIONS if name in body})
+        top_n = body.get("top_n")
+        if top_n is not None:  # above the number of documents: all of them
+            top_n = check_integer("top_n", top_n, minimum=1, digits=False)
     except InputError as exc:
         raise from_input_error(exc) from None
-    top_n = body.get("top_n")
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise bad_request(f"'top_n' must be a positive integer, got {top_n!r}", "top_n")
     return_documents = body.get("return_documents", True)
     if not isinstance(return_documents, bool):
         raise bad_request(f"'return_documents' must be true or false, got {return_documents!r}", "return_documents")

@@ -5,20 +5,31 @@ chunks are retried on another replica (rules in scheduling.py).
 
 A replica that failed is probed for health before it takes new work, so a dead
 replica delays chunks but does not use up their attempts.
+
+Every chunk a worker takes is answered, whatever happens: delivered, put back
+for another attempt, or its job failed with a named error (JobFailed and its
+subclasses). A worker that met an unexpected fault (a locally cancelled call, a
+bug) drops its slot and is replaced; a job's future always resolves.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Callable, Protocol, Sequence
 
-from .aio_stream import ReplicaError
+from .aio_stream import PayloadError, ReplicaError
 from .chunking import Chunk
 from .scheduling import RetryPolicy, Task, TaskQueue, describe
 
+log = logging.getLogger("rose_client")
+RESTART_DELAY_S = 0.1  # a worker that crashed outside a chunk is replaced after this (no hot loop)
+
 
 class AsyncSlot(Protocol):
-    async def call(self, payload: Any) -> Any: ...
+    async def call(self, payload: Any) -> Any:
+        """-> the result; raises ReplicaError (the replica failed or refused it) or PayloadError
+        (the payload cannot be sent at all). Anything else is a fault of this process."""
     async def is_ready(self) -> bool: ...
     async def close(self) -> None: ...
 
@@ -35,6 +46,20 @@ class ChunkRefused(JobFailed):
     def __init__(self, message: str, error: ReplicaError):
         super().__init__(message)
         self.error = error
+
+
+class DispatchFault(JobFailed):
+    """A chunk failed in this process, not on a replica: a locally cancelled call or a bug,
+    on every attempt (the chunk was retried, its worker replaced each time)."""
+
+
+class ChunkUnsendable(DispatchFault):
+    """A chunk's request could not be built or encoded (`payload_of` or the slot refused it):
+    the same on every replica, so it is not retried."""
+
+    def __init__(self, message: str, cause: BaseException):
+        super().__init__(message)
+        self.cause = cause
 
 
 class _Job:
@@ -80,8 +105,9 @@ class AsyncDispatcher:
         self.slot_factory = slot_factory
         self.max_inflight_per_replica = max_inflight_per_replica
         self.on_retry = on_retry
-        self.inflight: dict[str, int] = {}
-        self._workers: dict[str, list[asyncio.Task]] = {}
+        self.inflight: dict[str, int] = {}  # served replicas, and dropped ones still finishing chunks
+        self._workers: dict[str, set[asyncio.Task]] = {}  # per served replica: its live workers
+        self._worker_urls: dict[asyncio.Task, str] = {}  # every running worker, draining ones too
         self._idle: dict[str, list[asyncio.Future]] = {}  # per replica: futures of workers waiting for work
         self._started = False
         self._closing = False
@@ -90,36 +116,48 @@ class AsyncDispatcher:
     def urls(self) -> list[str]:
         return list(self.tasks.replicas)
 
+    def has_workers(self, url: str) -> bool:
+        """Some worker of `url` still runs (for a dropped replica: a chunk is still in flight there)."""
+        return url in self._worker_urls.values()
+
     async def start(self) -> None:
         self._started = True
         self.set_replicas(self.urls)
 
     def set_replicas(self, urls: Sequence[str]) -> None:
-        """Start workers for new addresses; workers of dropped ones end after their chunk."""
+        """Start workers for new addresses; workers of dropped ones finish the chunk they hold
+        (it is not cancelled), then end."""
         self.tasks.set_replicas(urls)
         for url in self.tasks.replicas:
             if url not in self._workers:
-                self.inflight[url] = 0
-                self._workers[url] = [asyncio.create_task(self._work(url), name=f"slot-{url}-{i}")
-                                      for i in range(self.max_inflight_per_replica)]
+                self.inflight.setdefault(url, 0)
+                self._workers[url] = set()
+                for _ in range(self.max_inflight_per_replica):
+                    self._start_worker(url)
         for url in [u for u in self._workers if u not in self.tasks.replicas]:
             self._workers.pop(url)
-            self.inflight.pop(url, None)
+            if not self.has_workers(url):
+                self.inflight.pop(url, None)
         self._notify_all()
 
     async def close(self) -> None:
         self._closing = True
         self._notify_all()
-        workers = [w for ws in self._workers.values() for w in ws]
+        workers = list(self._worker_urls)
         for worker in workers:
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         self._workers.clear()
+        for task in self.tasks.pending:
+            task.job.fail(JobFailed("the dispatcher closed"))
+        self.tasks.drop(lambda t: False)
 
     async def run(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
                   on_result: Callable[[Chunk, Any], None] | None = None) -> list[Any]:
         if not chunks:
             return []
+        if self._closing:
+            raise JobFailed("the dispatcher is closed")
         job = _Job(chunks, payload_of, on_result)
         self.tasks.push(Task(c, job) for c in chunks)
         self._wake(len(chunks))
@@ -155,8 +193,29 @@ class AsyncDispatcher:
                 if not self._idle[url]:
                     ready.remove(url)
 
+    def _start_worker(self, url: str, delay: float = 0.0) -> None:
+        worker = asyncio.create_task(self._work(url, delay), name=f"slot-{url}")
+        self._workers[url].add(worker)
+        self._worker_urls[worker] = url
+        worker.add_done_callback(self._worker_ended)
+
+    def _worker_ended(self, worker: asyncio.Task) -> None:
+        """A live worker only ends on a fault (a dropped replica's and a closing dispatcher's
+        end for good): start its replacement."""
+        url = self._worker_urls.pop(worker)
+        live = self._workers.get(url, set())
+        if worker in live:
+            live.discard(worker)
+            if not self._closing:
+                crashed = worker.cancelled() or worker.exception() is not None
+                delay = None if crashed else worker.result()
+                self._start_worker(url, RESTART_DELAY_S if delay is None else delay)
+        if url not in self._workers and not self.has_workers(url):
+            self.inflight.pop(url, None)  # a dropped replica has drained
+
     async def _take(self, url: str) -> Task | None:
-        while not self._closing and url in self.tasks.replicas:
+        me = asyncio.current_task()
+        while not self._closing and me in self._workers.get(url, ()):
             now = time.monotonic()
             if (failure := self.tasks.unavailable_message(now)) is not None:
                 for task in list(self.tasks.pending):
@@ -177,39 +236,100 @@ class AsyncDispatcher:
                     idle.remove(waiter)
         return None
 
-    async def _work(self, url: str) -> None:
-        slot = self.slot_factory(url)
+    async def _work(self, url: str, delay: float) -> float | None:
+        """Take and answer chunks until the replica is dropped or the dispatcher closes.
+        -> None, or (after a fault) the delay before the replacement worker starts."""
+        task = slot = None
         try:
+            if delay:
+                await asyncio.sleep(delay)
+            slot = self.slot_factory(url)
             while (task := await self._take(url)) is not None:
-                await self._run_task(url, slot, task)
+                healthy = await self._run_task(url, slot, task)
+                task = None
+                if not healthy:
+                    return 0.0
+            return None
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # close(): the held chunk's job ends with it
+                if task is not None:
+                    task.job.fail(JobFailed("the dispatcher closed"))
+                raise
+            return self._crashed(url, task, "cancelled")
+        except Exception as exc:
+            return self._crashed(url, task, f"{type(exc).__name__}: {exc}")
         finally:
-            await slot.close()
+            if slot is not None:
+                try:
+                    await slot.close()
+                except Exception:
+                    log.exception("closing a slot of %s failed", url)
 
-    async def _run_task(self, url: str, slot: AsyncSlot, task: Task) -> None:
+    def _crashed(self, url: str, task: Task | None, reason: str) -> float:
+        log.exception("a dispatcher worker of %s failed (%s); it is replaced", url, reason)
+        if task is not None:
+            self._fault(url, task, reason)
+        return RESTART_DELAY_S
+
+    async def _run_task(self, url: str, slot: AsyncSlot, task: Task) -> bool:
+        """Answer `task` on `url`: deliver its result, put it back, or fail its job.
+        -> False when the slot met a fault: the worker then ends and is replaced."""
         job: _Job = task.job
         replica = self.tasks.replicas.get(url)
         if replica is not None and replica.consecutive_failures and not await slot.is_ready():
             self.tasks.replica_unready(url, task, time.monotonic())
             self._notify_all()
-            return
+            return True
+        try:
+            payload = job.payload_of(task.chunk)
+        except Exception as exc:
+            job.fail(ChunkUnsendable(f"{describe(task.chunk)} could not be built: {type(exc).__name__}: {exc}", exc))
+            return True
         self.inflight[url] = self.inflight.get(url, 0) + 1
         try:
-            result = await slot.call(job.payload_of(task.chunk))
+            result = await slot.call(payload)
         except ReplicaError as exc:
-            job.last_error = exc
-            if exc.input_rejected:
-                job.fail(ChunkRefused(f"{describe(task.chunk)} was refused: {exc}", exc))
-                return
-            if self.on_retry is not None:
-                self.on_retry(url, exc)
-            failure = self.tasks.chunk_failed(url, task, str(exc), time.monotonic())
-            if failure is not None:
-                job.fail(JobFailed(failure))
-            self._notify_all()
-            return
+            self._replica_failed(url, task, exc)
+            return True
+        except PayloadError as exc:
+            job.fail(ChunkUnsendable(f"{describe(task.chunk)} cannot be sent: {exc}", exc))
+            return True
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # this worker is being cancelled (close): _work answers the chunk
+            self._fault(url, task, "the call was cancelled locally")  # e.g. gRPC could not serialise it
+            return False
+        except Exception as exc:
+            log.exception("%s failed on %s in this process", describe(task.chunk), url)
+            self._fault(url, task, f"{type(exc).__name__}: {exc}")
+            return False
         finally:
             if url in self.inflight:
                 self.inflight[url] -= 1
         self.tasks.succeeded(url)
         job.deliver(task.chunk, result)
+        return True
 
+    def _replica_failed(self, url: str, task: Task, exc: ReplicaError) -> None:
+        job: _Job = task.job
+        job.last_error = exc
+        if exc.input_rejected:
+            job.fail(ChunkRefused(f"{describe(task.chunk)} was refused: {exc}", exc))
+            return
+        if self.on_retry is not None:
+            try:
+                self.on_retry(url, exc)
+            except Exception:
+                log.exception("on_retry failed")
+        failure = self.tasks.chunk_failed(url, task, str(exc), time.monotonic())
+        if failure is not None:
+            job.fail(JobFailed(failure))
+        self._notify_all()
+
+    def _fault(self, url: str, task: Task, reason: str) -> None:
+        """The chunk failed here, not on the replica: another attempt (the replica is not blamed),
+        or its job fails with DispatchFault after the last one."""
+        failure = self.tasks.chunk_failed(url, task, reason, time.monotonic(), blame_replica=False)
+        if failure is not None:
+            task.job.fail(DispatchFault(failure))
+        self._notify_all()

@@ -41,6 +41,14 @@ class ReplicaError(RuntimeError):
         return self.wire.code == UNAVAILABLE
 
 
+class PayloadError(ValueError):
+    """A call cannot be put on the wire (a tensor that does not convert, a parameter gRPC cannot
+    carry): the same on every replica; nothing was sent."""
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 @dataclass(frozen=True)
 class Call:
     """One request: `inputs` by name (numpy; object arrays are BYTES), one output read back."""
@@ -55,6 +63,24 @@ def _tensor(name: str, array: np.ndarray) -> InferInput:
     tensor = InferInput(name, list(array.shape), "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _request(call: Call) -> dict:
+    """The stream request for `call`, checked here: gRPC would otherwise fail to serialise it
+    inside the stream and cancel the call (no error naming the cause)."""
+    for name, value in (call.parameters or {}).items():
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+            raise PayloadError(f"request parameter {name!r} = {value} does not fit int64")
+        if not isinstance(value, (str, bool, int, float)):
+            raise PayloadError(f"request parameter {name!r} is a {type(value).__name__}: gRPC carries "
+                               f"strings, booleans, int64 and floats")
+    try:
+        inputs = [_tensor(n, a) for n, a in call.inputs.items()]
+    except (InferenceServerException, ValueError, TypeError) as exc:
+        message = exc.message() if isinstance(exc, InferenceServerException) else str(exc)
+        raise PayloadError(f"an input tensor does not convert: {message}") from None
+    return {"model_name": call.model, "inputs": inputs, "outputs": [InferRequestedOutput(call.output)],
+            "parameters": call.parameters or None}
 
 
 class ReplicaChannel:
@@ -101,9 +127,9 @@ class AsyncStreamSlot:
         channel.slots.append(self)
 
     async def call(self, call: Call) -> np.ndarray:
-        """-> the output array; raises ReplicaError (and resets the stream)."""
-        request = {"model_name": call.model, "inputs": [_tensor(n, a) for n, a in call.inputs.items()],
-                   "outputs": [InferRequestedOutput(call.output)], "parameters": call.parameters or None}
+        """-> the output array; raises ReplicaError (and resets the stream), or PayloadError
+        (nothing sent)."""
+        request = _request(call)
         self.busy = True
         try:
             self._open()

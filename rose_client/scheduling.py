@@ -104,10 +104,11 @@ class TaskQueue:
             self.replicas[url].failed(self.retry, now)
         self.pending.appendleft(task)
 
-    def chunk_failed(self, url: str, task: Task, reason: str, now: float) -> str | None:
-        """Count a failure of `task` on `url`; requeue it at the front, or return why its job fails."""
+    def chunk_failed(self, url: str, task: Task, reason: str, now: float, blame_replica: bool = True) -> str | None:
+        """Count a failure of `task` on `url`; requeue it at the front, or return why its job fails.
+        `blame_replica=False`: the failure was the caller's own (the replica does not rest)."""
         replica = self.replicas.get(url)
-        if replica is not None:
+        if replica is not None and blame_replica:
             replica.failed(self.retry, now)
             replica.failed_chunks += 1
         task.attempts += 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from rose_wire import EMBEDDINGS, SCORES
 
@@ -36,9 +35,7 @@ class EmbeddingOutput:
         self.width = width
 
     def check(self, options: RequestOptions) -> None:
-        if options.dimensions > self.width:
-            raise InputError(f"parameter 'dimensions' is {options.dimensions}; the model has {self.width}",
-                             "dimensions")
+        options.check_width(self.width)
 
     def finish(self, rows: np.ndarray, options: RequestOptions) -> np.ndarray:
         return finish_rows(rows, options)

@@ -41,11 +41,11 @@ def ensemble_rows(server):
     return embed_stream(server.grpc_url, TEXTS)
 
 
-def post(url, body, headers=None):
+def post(url, body, headers=None, timeout=60):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, {k.lower(): v for k, v in response.headers.items()}, json.load(response)
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, json.load(exc)
@@ -123,6 +123,23 @@ def test_bad_requests_never_disturb_concurrent_good_ones(server, ensemble_rows):
             assert cosine(rows, ensemble_rows).min() >= 0.9999
         else:
             assert body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
+
+
+HOSTILE_DIMENSIONS = [b"9223372036854775808"] * 5 + [b"9223372036854775807", b"-1", b"1e30", b'"12"']
+
+
+def test_numbers_past_the_limits_are_refused_naming_the_field_and_the_gateway_keeps_serving(server, ensemble_rows):
+    """Issue 17: five requests with `dimensions` 2**63 used to wedge every later /v1/embeddings
+    request (the number failed in gRPC's serialisation and killed a dispatcher worker each)."""
+    url = f"{server.gateway_url}/v1/embeddings"
+    for raw in HOSTILE_DIMENSIONS:
+        body = b'{"model": "%s", "input": "x", "dimensions": %s}' % (MODEL.encode(), raw)
+        status, _, answer = post(url, body, timeout=30)
+        assert 400 <= status < 500 and answer["error"]["param"] == "dimensions", (raw, status, answer)
+    status, _, answer = post(url, {"model": MODEL, "input": TEXTS}, timeout=30)
+    assert status == 200, answer
+    rows = np.array([d["embedding"] for d in answer["data"]])
+    assert cosine(rows, ensemble_rows).min() >= 0.9999
 
 
 def test_rerank_is_404_naming_the_model_without_a_reranker(server):

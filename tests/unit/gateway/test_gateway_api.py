@@ -143,6 +143,17 @@ def test_token_id_inputs_go_through_unchanged_and_cut_when_truncating():
     ({"model": MODEL, "input": [[]]}, 400, "input", "input[0] is an empty list"),
     ({"model": MODEL, "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "'float' or 'base64'"),
     ({"model": MODEL, "input": "x", "dimensions": -1}, 400, "dimensions", "non-negative integer"),
+    # numbers at and past the 64-bit edges, floats and strings where an integer belongs (issue 17)
+    ({"model": MODEL, "input": "x", "dimensions": 1 << 63}, 400, "dimensions", "must lie in [0, 9223372036854775807]"),
+    ({"model": MODEL, "input": "x", "dimensions": (1 << 63) - 1}, 400, "dimensions", "the model has 384"),
+    ({"model": MODEL, "input": "x", "dimensions": 385}, 400, "dimensions", "'dimensions' is 385; the model has 384"),
+    ({"model": MODEL, "input": "x", "dimensions": 1 << 64}, 400, "dimensions", "must be an integer"),
+    ({"model": MODEL, "input": "x", "dimensions": -(1 << 63) - 1}, 400, "dimensions", "must be an integer"),
+    ({"model": MODEL, "input": "x", "dimensions": 1e30}, 400, "dimensions", "must be an integer"),
+    ({"model": MODEL, "input": "x", "dimensions": "12"}, 400, "dimensions", "must be an integer, got '12'"),
+    ({"model": MODEL, "input": [[1, 1 << 63]]}, 400, "input", "outside [0, 30522)"),
+    ({"model": MODEL, "input": [[1, -(1 << 63)]]}, 400, "input", "outside [0, 30522)"),
+    ({"model": MODEL, "input": [[1, 1 << 64]]}, 400, "input", "input[0] must be a list of integer"),
     ({"model": MODEL, "input": "x", "input_type": "passage"}, 400, "input_type", "must be one of"),
     ({"model": MODEL, "input": "x", "truncate": "maybe"}, 400, "truncate", "must be a boolean"),
     ({"model": MODEL, "input": "x", "temperature": 1}, 400, "temperature", "unknown field(s) ['temperature']"),
@@ -159,9 +170,9 @@ def test_bad_embedding_requests_get_openai_errors(body, status, param, fragment)
     assert not replica.calls  # refused before any replica saw it
 
 
-def _refused(options_type, parameters) -> bool:
+def _refused(options_type, parameters, **kwargs) -> bool:
     try:
-        options_type.from_parameters(parameters)
+        options_type.from_parameters(parameters, **kwargs)
     except InputError as exc:
         assert exc.field == next(iter(parameters))
         return True
@@ -176,10 +187,10 @@ def _refused(options_type, parameters) -> bool:
     ("input_type", None),
 ])
 def test_embedding_options_follow_the_models_rules(name, value):
-    """The gateway accepts exactly the option values the models accept (engine_lib.options),
-    and names the option when it refuses one."""
+    """The gateway accepts exactly the option values the models accept (engine_lib.options; an
+    integer as a JSON number, not its digits), and names the option when it refuses one."""
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", name: value})
-    refused = _refused(RequestOptions, {name: value})
+    refused = _refused(RequestOptions, {name: value}, json_body=True)
     assert response.status_code == (400 if refused else 200), response.text
     if refused:
         assert response.json()["error"]["param"] == name and not replica.calls
@@ -268,8 +279,9 @@ def test_replica_failing_everywhere_is_503():
 
 
 def test_encoder_refusing_dimensions_is_400_naming_the_field():
-    error = WireError(INVALID_ARG, "parameter 'dimensions' is 999; the model has 384", "dimensions")
-    response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", "dimensions": 999},
+    """(The gateway refuses a width above its folder's itself; an encoder may still refuse.)"""
+    error = WireError(INVALID_ARG, "parameter 'dimensions' is 300; the model has 256", "dimensions")
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x", "dimensions": 300},
                              replica=FakeReplica(f"in ensemble 'ensemble', {encode(error)}"))
     assert response.status_code == 400 and response.json()["error"]["param"] == "dimensions"
     assert response.json()["error"]["message"] == error.message
@@ -301,6 +313,12 @@ def test_rerank_sorts_by_score_with_indexes_over_document_chunks():
     assert all(c.parameters == {"raw_scores": True} for c in replica.calls)
 
 
+def test_rerank_top_n_past_the_documents_returns_them_all():
+    body = {"query": "q", "documents": ["bb", "a"], "top_n": (1 << 63) - 1, "return_documents": False}
+    response, _ = post("/v1/rerank", body, reranker=True)
+    assert response.status_code == 200 and [r["index"] for r in response.json()["results"]] == [0, 1]
+
+
 def test_rerank_without_documents_in_results_and_without_a_reranker():
     body = {"query": "q", "documents": [{"text": "bb"}, "a"], "return_documents": False}
     served, _ = post("/v1/rerank", body, reranker=True)
@@ -315,6 +333,9 @@ def test_rerank_without_documents_in_results_and_without_a_reranker():
     ({"documents": ["a"]}, "query"), ({"query": "q", "documents": []}, "documents"),
     ({"query": "q", "documents": ["a", ""]}, "documents"), ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
     ({"query": "q", "documents": [{"txt": "a"}]}, "documents"), ({"query": "q", "documents": ["a"], "x": 1}, "x"),
+    ({"query": "q", "documents": ["a"], "top_n": 1 << 63}, "top_n"), ({"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+    ({"query": "q", "documents": ["a"], "top_n": 1e30}, "top_n"), ({"query": "q", "documents": ["a"], "top_n": "2"}, "top_n"),
+    ({"query": "q", "documents": ["a"], "top_n": True}, "top_n"),
 ])
 def test_bad_rerank_requests_are_400(body, param):
     response, replica = post("/v1/rerank", body, reranker=True)

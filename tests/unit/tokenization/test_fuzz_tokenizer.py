@@ -50,7 +50,7 @@ def test_options_parse_or_refuse_with_input_error(params):
     except InputError:
         return
     assert options.input_type in ("query", "document")
-    assert isinstance(options.dimensions, int) and options.dimensions >= 0
+    assert isinstance(options.dimensions, int) and 0 <= options.dimensions < 1 << 63
 
 
 @FUZZ

@@ -80,11 +80,26 @@ def test_text_limits_are_the_same_for_strings_and_bytes(tokenizer, items, too_la
     ({"input_type": "poem"}, "input_type"),
     ({"dimensions": -3}, "dimensions"),
     ({"dimensions": 1.5}, "dimensions"),
+    ({"dimensions": 1 << 63}, r"'dimensions' is 9223372036854775808; it must lie in \[0, 9223372036854775807\]"),
+    ({"dimensions": str(1 << 63)}, "dimensions"),  # Triton's string parameters: digits, but past int64
+    ({"dimensions": "9" * 40}, "dimensions"),
     ({"normalize": "maybe"}, "normalize"),
 ])
 def test_bad_options(params, message):
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as info:
         RequestOptions.from_parameters(params)
+    assert info.value.field == next(iter(params))
+
+
+def test_integer_options_take_the_int64_range_and_digits_only_outside_json_bodies():
+    assert RequestOptions.from_parameters({"dimensions": str((1 << 63) - 1)}).dimensions == (1 << 63) - 1
+    assert RequestOptions.from_parameters({"dimensions": "12"}).dimensions == 12
+    with pytest.raises(InputError, match="must be an integer, got '12'") as info:
+        RequestOptions.from_parameters({"dimensions": "12"}, json_body=True)
+    assert info.value.field == "dimensions"
+    with pytest.raises(InputError, match="'dimensions' is 385; the model has 384"):
+        RequestOptions(dimensions=385).check_width(384)
+    RequestOptions(dimensions=384).check_width(384)
 
 
 def test_options_from_triton_json():
