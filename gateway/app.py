@@ -20,7 +20,7 @@ from engine_lib.model_folder import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused, DispatchFault, JobFailed
 from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, RERANK, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
 
-from . import embeddings, rerank
+from . import embeddings, liveness, rerank
 from .backend import Backend
 from .config import DEFAULT_MODEL_NAME, GatewayConfig
 from .errors import ApiError, bad_request, model_not_found, too_large
@@ -171,10 +171,19 @@ class Gateway:
         return json_response({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
+        """Readiness: some replica serves the encoder, and the gateway's own machinery runs."""
         ready = sum(self.backend.ready.values())
-        body = {"status": "ok" if ready else "unavailable", "replicas_ready": ready,
-                "replicas": len(self.backend.ready)}
-        return json_response(body, 200 if ready else 503)
+        problems = liveness.problems(self.backend)
+        ok = ready and not problems
+        body = {"status": "ok" if ok else "unavailable", "replicas_ready": ready,
+                "replicas": len(self.backend.ready), **({"problems": problems} if problems else {})}
+        return json_response(body, 200 if ok else 503)
+
+    async def livez(self, request: Request) -> Response:
+        """Liveness: the gateway's own machinery runs (whatever Triton does; gateway/liveness.py)."""
+        problems = liveness.problems(self.backend)
+        return json_response({"status": "failing", "problems": problems} if problems else {"status": "ok"},
+                             503 if problems else 200)
 
     async def prometheus(self, request: Request) -> Response:
         dispatcher = self.backend.dispatcher
@@ -251,6 +260,7 @@ def create_app(config: GatewayConfig) -> Starlette:
               Route("/v1/rerank", _endpoint(gateway, "rerank", gateway.rerank), methods=["POST"]),
               Route("/v1/models", _endpoint(gateway, "models", gateway.models), methods=["GET"]),
               Route("/health", gateway.health, methods=["GET"]),
+              Route(liveness.LIVENESS_PATH, gateway.livez, methods=["GET"]),
               Route("/metrics", gateway.prometheus, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error})

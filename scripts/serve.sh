@@ -14,7 +14,9 @@
 # parameters), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
 # ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_GATEWAY=0
 # (same as --no-gateway), ROSE_WATCHDOG=0
-# (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5).
+# (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5),
+# ROSE_WATCHDOG_TIMEOUT (seconds a probe waits, default 10), ROSE_WATCHDOG_MAX_TIMEOUTS
+# (probes in a row of one model without an answer that restart the server, default 3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
@@ -113,10 +115,12 @@ fi
 if [[ "$WATCHDOG" == 0 && "$GATEWAY" == 0 ]]; then
   exec "$TRITONSERVER" "${ARGS[@]}"
 fi
-# Supervised (default): Triton 2.51 never recovers from a dead Python model
-# stub, so scripts/watchdog.py stops such a server (exit 3) and this loop starts
-# a fresh one; the gateway keeps running and finds the new server by itself.
-# SIGTERM/SIGINT stop the server and the gateway and end the loop.
+# Supervised (default): Triton 2.51 never recovers from a dead or hung Python
+# model stub, so scripts/watchdog.py stops such a server and every process below
+# it (exit 3) and this loop starts a fresh one; the gateway keeps running and
+# finds the new server by itself. The gateway runs under a loop of its own that
+# starts it again if it dies. SIGTERM/SIGINT stop the server and the gateway and
+# end both loops.
 STOPPING=0 TRITON_PID="" WATCHDOG_PID="" GATEWAY_PID=""
 # The gateway stops too (it answers what it holds, then closes its streams:
 # Triton waits for open streams before it exits).
@@ -127,9 +131,28 @@ finish() {
   if [[ -n "$GATEWAY_PID" ]]; then kill -TERM "$GATEWAY_PID" 2>/dev/null || true; wait "$GATEWAY_PID" || true; fi
   exit "$1"
 }
+# The gateway's loop: a gateway that exits is started again after 1 s (doubling up
+# to 30 s while it keeps exiting within a minute of its start). SIGTERM to the loop
+# stops the gateway (it answers what it holds) and ends the loop: no restart.
+supervise_gateway() {
+  local child="" delay=1 started status
+  trap '[[ -z "$child" ]] || kill -TERM "$child" 2>/dev/null || true; [[ -z "$child" ]] || wait "$child" || true
+        exit 0' TERM
+  while true; do
+    started=$SECONDS
+    python3 -m gateway --triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT" \
+      --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" &
+    child=$!
+    status=0; wait "$child" || status=$?
+    if (( SECONDS - started >= 60 )); then delay=1; fi
+    echo "[serve] the gateway exited (status $status); starting it again in ${delay}s" >&2
+    sleep "$delay" & child=$!
+    wait "$child" || true  # `wait` (not a foreground sleep) lets SIGTERM end the loop at once
+    delay=$(( delay * 2 > 30 ? 30 : delay * 2 ))
+  done
+}
 if [[ "$GATEWAY" == 1 ]]; then
-  python3 -m gateway --triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT" \
-    --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" &
+  supervise_gateway &
   GATEWAY_PID=$!
 fi
 while true; do
@@ -137,7 +160,9 @@ while true; do
   TRITON_PID=$!
   if [[ "$WATCHDOG" == 1 ]]; then
     python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
-      --interval "${ROSE_WATCHDOG_INTERVAL:-5}" ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
+      --metrics-url "http://$HOST:$METRICS_PORT/metrics" --interval "${ROSE_WATCHDOG_INTERVAL:-5}" \
+      --timeout "${ROSE_WATCHDOG_TIMEOUT:-10}" --max-timeouts "${ROSE_WATCHDOG_MAX_TIMEOUTS:-3}" \
+      ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
     WATCHDOG_PID=$!
   fi
   status=0
@@ -147,5 +172,5 @@ while true; do
   wait "$WATCHDOG_PID" || verdict=$?
   WATCHDOG_PID=""
   [[ "$verdict" == 3 && "$STOPPING" == 0 ]] || finish "$status"
-  echo "[serve] a model stub died (see [watchdog] above); starting a fresh tritonserver" >&2
+  echo "[serve] a model stub died or hung (see [watchdog] above); starting a fresh tritonserver" >&2
 done

@@ -1,90 +1,237 @@
-"""Kill a tritonserver whose Python model stub has died (stdlib only).
+"""Restart a tritonserver whose Python model stub died or hangs (stdlib only).
 
 Triton 2.51 neither restarts a dead Python-backend stub nor marks the server
 or model unready: every new request fails with "Stub process '<model>' is not
-healthy" and requests in flight in a decoupled model hang. serve.sh runs this
-next to the server; every `--interval` s it sends one tiny real request, and
-when the answer names an unhealthy stub it stops the server (SIGTERM, then
-SIGKILL) and exits with RESTART, which tells serve.sh to start a fresh server.
-Overload, timeouts and other errors are not stub deaths and are ignored.
-While a test holds the encoder (ROSE_TEST_HOLD_FILE exists, docs/operations.md) it
-does not probe: a held probe would wait and add to the queue the test counts.
+healthy" and requests in flight in a decoupled model hang. A stub that hangs
+while Triton still answers its health pings is no better. serve.sh runs this
+next to the server; every `--interval` s it sends one tiny real request to each
+served model at once (`ensemble`, `embed`; with a reranker also `rerank`,
+`score`). It stops the server when an answer names an unhealthy stub, or when
+one model's probes get no answer within `--timeout` s `--max-timeouts` times in
+a row while its encoder answers nothing else either (a busy encoder is not a
+hung one: its `rose_requests_total` on `--metrics-url` moves). Stopping means
+SIGTERM, then after `--grace` s SIGKILL to the server and every process below
+it that is still there (model stubs included: a SIGSTOPped stub acts on nothing
+else), so no process of the old server is left; it then exits with RESTART,
+which tells serve.sh to start a fresh server. Answered errors (overload, bad
+input) and refused connections (not listening yet) are not faults. While a test
+holds the encoder (ROSE_TEST_HOLD_FILE exists, docs/operations.md) it does not
+probe: a held probe would wait and add to the queue the test counts.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import signal
+import socket
 import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 RESTART = 3
 DEAD_STUB = "is not healthy"
+# Probe outcomes: an answer (OK or an error), a dead stub, no answer in time, no connection.
+OK, ANSWERED_ERROR, DEAD, TIMEOUT, UNREACHABLE = "ok", "error", "dead stub", "timeout", "unreachable"
+
+TEXT = {"TEXT": ["watchdog probe"]}
+PAIR = {"QUERY": ["watchdog probe"], "DOCUMENTS": ["watchdog probe"]}
+# Every model that takes requests: its probe body (HTTP generate) and the encoder behind it.
+PROBES = {"ensemble": TEXT, "embed": TEXT, "rerank": PAIR, "score": PAIR}
+ENCODER_OF = {"ensemble": "rose_encoder", "embed": "rose_encoder", "rerank": "rerank_encoder",
+              "score": "rerank_encoder"}
+RERANK_MODELS = ("rerank", "score")
+ANSWERS = re.compile(r'^rose_requests_total\{[^}]*model="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE)
 
 
-PROBES = {"ensemble": {"TEXT": ["watchdog probe"]},
-          "rerank": {"QUERY": ["watchdog probe"], "DOCUMENTS": ["watchdog probe"]}}
+def served_models(rerank: bool) -> list[str]:
+    return [m for m in PROBES if rerank or m not in RERANK_MODELS]
 
 
-def probe(url: str, timeout: float, model: str = "ensemble") -> str:
-    """'' when healthy or unknown; the error text when it names a dead stub."""
-    body = json.dumps(PROBES[model]).encode()
-    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=body,
+def probe(url: str, model: str, timeout: float) -> tuple[str, str]:
+    """One tiny `generate` request to `model` -> (outcome, detail)."""
+    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=json.dumps(PROBES[model]).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            return ""
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+        return OK, ""
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode(errors="replace")
-        return text if DEAD_STUB in text else ""
-    except OSError:  # not listening yet, busy, or timed out: not a stub death
+        try:
+            text = exc.read().decode(errors="replace")
+        except OSError as read_error:
+            text = str(read_error)
+        return (DEAD if DEAD_STUB in text else ANSWERED_ERROR), text.strip()
+    except OSError as exc:  # URLError wraps connect-time failures in .reason
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            return TIMEOUT, f"no answer within {timeout:g} s"
+        return UNREACHABLE, str(reason)
+
+
+def encoder_answers(metrics_url: str | None, timeout: float) -> dict[str, float] | None:
+    """{encoder model: requests it answered so far} from the metrics page; None when unknown."""
+    if not metrics_url:
+        return None
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as response:
+            page = response.read().decode(errors="replace")
+    except OSError:
+        return None
+    answered: dict[str, float] = {}
+    for model, value in ANSWERS.findall(page):
+        answered[model] = answered.get(model, 0.0) + float(value)
+    return answered
+
+
+class Judge:
+    """Decides after each round of probes whether the server must restart: at once for a
+    dead stub; after `max_timeouts` timeouts in a row of one model whose encoder answered
+    nothing else meanwhile. An answer (even an error) resets the model's count; a refused
+    connection leaves it as it is."""
+
+    def __init__(self, models: list[str], max_timeouts: int):
+        if max_timeouts < 1:
+            raise ValueError("max_timeouts must be >= 1")
+        self.max_timeouts = max_timeouts
+        self.timeouts = dict.fromkeys(models, 0)
+
+    def verdict(self, outcomes: dict[str, tuple[str, str]], busy: set[str] = frozenset()) -> str:
+        """'' to keep the server, else why to restart it. `busy`: the probed models whose
+        encoder answered other requests during the round (their timeouts are queueing)."""
+        for model, (outcome, detail) in outcomes.items():
+            if outcome == DEAD:
+                return f"{model}: {detail}"
+            if outcome == TIMEOUT:
+                self.timeouts[model] = 0 if model in busy else self.timeouts[model] + 1
+            elif outcome != UNREACHABLE:
+                self.timeouts[model] = 0
+        hung = [m for m, count in self.timeouts.items() if count >= self.max_timeouts]
+        if hung:
+            return (f"{', '.join(hung)}: {self.max_timeouts} probe(s) in a row got no answer while the encoder "
+                    f"answered nothing else (a hung model process)")
         return ""
 
 
-def alive(pid: int) -> bool:
+def busy_models(models: list[str], before: dict | None, after: dict | None) -> set[str]:
+    if before is None or after is None:
+        return set()
+    return {m for m in models if after.get(ENCODER_OF[m], 0.0) > before.get(ENCODER_OF[m], 0.0)}
+
+
+def probe_round(pool: ThreadPoolExecutor, url: str, models: list[str], timeout: float,
+                metrics_url: str | None = None, probe_one=probe) -> tuple[dict, set]:
+    """Probe every model at once -> ({model: (outcome, detail)}, busy models)."""
+    before = encoder_answers(metrics_url, timeout)
+    outcomes = dict(zip(models, pool.map(lambda m: probe_one(url, m, timeout), models)))
+    return outcomes, busy_models(models, before, encoder_answers(metrics_url, timeout))
+
+
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state letter, start time in clock ticks) from /proc, or None if gone."""
     try:
-        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """{pid: start time} of every process below `pid`."""
+    parent_of = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
+            parent_of[int(entry)] = (stat[0], stat[2])
+    found: dict[int, int] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, start) in parent_of.items():
+            if ppid == parent and child not in found:
+                found[child] = start
+                frontier.append(child)
+    return found
+
+
+def running(pid: int, start: int | None = None) -> bool:
+    """`pid` exists and is no zombie (and, given `start`, is the process that started then)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[1] != "Z" and (start is None or stat[2] == start)
+
+
+def send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
     except ProcessLookupError:
-        return False
-    return True
+        pass
+
+
+def wait_gone(tree: dict[int, int], seconds: float) -> list[int]:
+    """Poll until no process of `tree` runs or `seconds` pass -> those still running."""
+    deadline = time.monotonic() + seconds
+    while (left := [p for p, start in tree.items() if running(p, start)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def stop(pid: int, grace: float) -> list[int]:
+    """SIGTERM `pid`; after `grace` s SIGKILL it and every process that was below it and still runs.
+    -> pids still running after that (none expected). The tree is read before the server dies:
+    its children are reparented then."""
+    stat = proc_stat(pid)
+    tree = {pid: stat[2]} if stat is not None else {}
+    tree.update(descendants(pid))
+    send(pid, signal.SIGTERM)
+    if wait_gone(tree, grace):
+        if running(pid):
+            tree.update(descendants(pid))
+        for member, start in tree.items():
+            if running(member, start):
+                send(member, signal.SIGKILL)  # also ends a stopped process
+    return wait_gone(tree, 10.0)
 
 
 def sleep_while_alive(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while alive(pid) and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return alive(pid)
+    return running(pid)
 
 
-def stop(pid: int, grace: float) -> None:
-    os.kill(pid, signal.SIGTERM)
-    if sleep_while_alive(pid, grace):  # in-flight requests of the dead stub never finish
-        os.kill(pid, signal.SIGKILL)
+def say(message: str) -> None:
+    print(f"[watchdog] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pid", type=int, required=True, help="tritonserver process id")
     parser.add_argument("--url", required=True, help="HTTP base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--interval", type=float, default=5.0)
-    parser.add_argument("--timeout", type=float, default=10.0, help="per probe")
+    parser.add_argument("--metrics-url", help="Triton's metrics page, e.g. http://127.0.0.1:8002/metrics")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between rounds of probes")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds a probe waits for its answer")
+    parser.add_argument("--max-timeouts", type=int, default=3, help="timeouts in a row of one model that restart")
     parser.add_argument("--grace", type=float, default=2.0, help="SIGTERM to SIGKILL")
-    parser.add_argument("--probe-rerank", action="store_true", help="also probe the `rerank` ensemble")
-    args = parser.parse_args()
-    models = ["ensemble"] + (["rerank"] if args.probe_rerank else [])
+    parser.add_argument("--probe-rerank", action="store_true", help="also probe `rerank` and `score`")
+    args = parser.parse_args(argv)
+    models = served_models(args.probe_rerank)
+    judge = Judge(models, args.max_timeouts)
     hold_file = os.environ.get("ROSE_TEST_HOLD_FILE", "")
-    while sleep_while_alive(args.pid, args.interval):
-        if hold_file and os.path.exists(hold_file):
-            continue
-        error = next((e for e in (probe(args.url, args.timeout, m) for m in models) if e), "")
-        if error and alive(args.pid):
-            print(f"[watchdog] {time.strftime('%H:%M:%S')} {error.strip()}; stopping tritonserver {args.pid}",
-                  file=sys.stderr, flush=True)
-            stop(args.pid, args.grace)
-            return RESTART
+    with ThreadPoolExecutor(len(models), thread_name_prefix="probe") as pool:
+        while sleep_while_alive(args.pid, args.interval):
+            if hold_file and os.path.exists(hold_file):
+                continue
+            outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
+            reason = judge.verdict(outcomes, busy)
+            if reason and running(args.pid):
+                say(f"{reason}; stopping tritonserver {args.pid} and every process below it")
+                left = stop(args.pid, args.grace)
+                if left:
+                    say(f"WARNING: processes {left} of the old server are still there after SIGKILL")
+                return RESTART
     return 0
 
 

@@ -31,18 +31,23 @@ class FakeEngine:
     vocab_size = 1000
     max_positions = 64
 
-    def __init__(self, fail_token: int | None = None):
+    def __init__(self, fail_token: int | None = None, short_token: int | None = None):
+        """A batch holding `fail_token` fails its step; one holding `short_token` returns a row too few."""
         self.gate = threading.Event()
         self.gate.set()
         self.batches: list[list[list[int]]] = []
         self.fail_token = fail_token
+        self.short_token = short_token
 
     def step(self, batch):
         seqs = [batch.input_ids[a:b].tolist() for a, b in zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])]
         self.batches.append(seqs)
         if self.fail_token is not None and self.fail_token in batch.input_ids:
             raise RuntimeError("poisoned batch")
-        return GatedResult(np.array([expected_row(s) for s in seqs], dtype=np.float32), self.gate)
+        rows = np.array([expected_row(s) for s in seqs], dtype=np.float32)
+        if self.short_token is not None and self.short_token in batch.input_ids:
+            rows = rows[:-1]
+        return GatedResult(rows, self.gate)
 
 
 def expected_row(ids) -> list[float]:

@@ -5,7 +5,10 @@ from the FcfsBatcher and launches it (`engine.step` returns a LazyTensor at
 once); at most `max_inflight_batches` are in flight, so batch N+1 is prepared
 and launched while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
-exactly once, when all its sequences are done (or with an error). A result
+exactly once, when all its sequences are done (or with an error). No request
+is dropped silently: a step whose rows do not match its sequences fails those
+requests, and if `on_done` raises on a result it is called once more, with
+the error. A result
 that is ready at launch (CPU) is answered by the scheduler thread itself when
 the completion thread has nothing pending: one thread hand-off less per batch.
 Admission control bounds the pool (requests pending, tokens queued): past a
@@ -306,6 +309,12 @@ class BatchingService:
             return
         finally:
             self._inflight.release()
+        shape = np.shape(rows)
+        if shape != (len(scheduled), self.output_dim):  # never zip short: every request is answered
+            log.error("engine step returned rows of shape %s for %d sequences", shape, len(scheduled))
+            self._fail(scheduled, RuntimeError(f"the engine returned rows of shape {list(shape)} for "
+                                               f"{len(scheduled)} sequences of width {self.output_dim}"))
+            return
         ready_at = time.perf_counter()
         self._record(scheduled, ready_at - launched_at)
         for seq, row in zip(scheduled, rows):
@@ -343,17 +352,22 @@ class BatchingService:
                 return
             request.finished = True
             self._requests.pop(key, None)
-        if error is not None:
-            outcome = "cancelled" if isinstance(error, RequestCancelled) else "error"
-        else:
-            outcome = "ok"
-        self.metrics.count("rose_requests_total", outcome=outcome)
-        try:
-            request.on_done(None if error is not None else request.rows, error)
-        except Exception:
-            log.exception("response callback failed")
         if error is None:
-            self._record_hops(request, time.perf_counter())
+            try:
+                request.on_done(request.rows, None)
+            except Exception as exc:  # e.g. building the response failed: answer with an error instead
+                log.exception("response callback failed; answering the request with an error")
+                error = RuntimeError(f"sending the result failed: {exc!r}")
+            else:
+                self.metrics.count("rose_requests_total", outcome="ok")
+                self._record_hops(request, time.perf_counter())
+                return
+        self.metrics.count("rose_requests_total",
+                           outcome="cancelled" if isinstance(error, RequestCancelled) else "error")
+        try:
+            request.on_done(None, error)
+        except Exception:
+            log.exception("response callback failed on an error answer: the request got no answer")
 
     def _record_hops(self, r: _PooledRequest, sent_at: float) -> None:
         self.metrics.count_each("rose_hop_seconds_total", "hop", {

@@ -9,6 +9,7 @@ answer (engine_lib/service/outputs.py: embedding rows or scores).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -18,6 +19,8 @@ from engine_lib.errors import InputError
 from engine_lib.service.batching import BatchingService, DoneCallback
 from engine_lib.service.outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
 from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,13 @@ class Endpoint:
             raise
 
         def finish(rows, error):
-            on_done(None if rows is None else self.output.finish(rows, options), error)
+            if rows is not None:
+                try:
+                    rows = self.output.finish(rows, options)
+                except Exception as exc:  # answered as an error: a request is never left without one
+                    log.exception("post-processing the rows failed")
+                    rows, error = None, RuntimeError(f"post-processing the rows failed: {exc!r}")
+            on_done(rows, error)  # if this raises, the service answers the request with an error
 
         return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at)
 

@@ -137,3 +137,62 @@ def test_gateway_role_runs_the_same_image_against_the_headless_service():
     hpa = load("gateway-hpa.yaml")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "rose-gateway"}
     assert hpa["metrics"][0]["resource"]["name"] == "cpu" and gateway["resources"]["requests"]["cpu"]
+
+
+def gateway_container():
+    (gateway,) = load("gateway-deployment.yaml")["spec"]["template"]["spec"]["containers"]
+    return gateway
+
+
+def test_network_policy_lets_only_the_gateway_reach_triton_and_only_monitoring_its_metrics():
+    policy = load("networkpolicy.yaml")["spec"]
+    triton_labels = load("deployment.yaml")["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = load("gateway-deployment.yaml")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= triton_labels.items()
+    assert not policy["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    ports = {p["name"]: p["containerPort"] for p in container()["ports"]}
+    admitted = {}  # container port -> the sources allowed to reach it
+    for rule in policy["ingress"]:
+        (source,) = rule["from"]  # an empty `from` would admit everyone
+        assert rule["ports"] and all(p["protocol"] == "TCP" for p in rule["ports"])
+        for port in rule["ports"]:
+            admitted.setdefault(port["port"], []).append(source)
+    gateway = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": gateway_labels["app.kubernetes.io/name"]}}}
+    monitoring_namespace = load("monitoring/prometheus-adapter-rules.yaml")["metadata"]["namespace"]
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": monitoring_namespace}}}
+    assert admitted == {ports["http"]: [gateway], ports["grpc"]: [gateway], ports["metrics"]: [monitoring]}
+    assert gateway["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+
+
+def test_gateway_reads_its_api_keys_from_a_secret_it_cannot_start_without():
+    pod = load("gateway-deployment.yaml")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in gateway_container()["env"]}
+    key_file = env["ROSE_GATEWAY_API_KEY_FILE"]["value"]
+    (mount,) = [m for m in gateway_container()["volumeMounts"] if key_file.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    assert secret["secretName"] == "rose-gateway-api-keys" and not secret.get("optional", False)
+    assert [item["path"] for item in secret["items"]] == [key_file[len(mount["mountPath"]) + 1:]]
+    assert secret["defaultMode"] & 0o007 == 0  # not readable by other users
+    assert "ROSE_GATEWAY_API_KEYS" not in env  # no key in the manifest itself
+
+
+def test_gateway_probes_use_its_liveness_and_readiness_routes():
+    from gateway.liveness import LIVENESS_PATH
+
+    gateway = gateway_container()
+    assert gateway["livenessProbe"]["httpGet"] == {"path": LIVENESS_PATH, "port": "http"}
+    assert "tcpSocket" not in gateway["livenessProbe"]
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_gateway_drains_within_its_grace_period():
+    from gateway.config import parse_args
+
+    pod = load("gateway-deployment.yaml")["spec"]["template"]["spec"]
+    pre_stop = gateway_container()["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    config = parse_args(gateway_container()["command"][3:])
+    assert int(pre_stop[1]) + config.request_timeout_s < pod["terminationGracePeriodSeconds"]

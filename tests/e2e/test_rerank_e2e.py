@@ -275,6 +275,19 @@ def test_readme_reranking_example_runs(served, capsys):
     assert len(printed) == 3 and all(re.match(r"[01]\.\d{3}  \S", line) for line in printed), printed
 
 
+def test_every_served_model_answers_the_watchdogs_probe(served):
+    """scripts/watchdog.py probes `ensemble`, `embed`, `rerank` and `score`: each probe gets a real
+    answer on a healthy server (a probe that always failed would tell a hang from nothing)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("watchdog", REPO / "scripts" / "watchdog.py")
+    watchdog = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(watchdog)
+    _, _, server = served
+    for model in watchdog.served_models(rerank=True):
+        assert watchdog.probe(f"http://{server.http_url}", model, 60) == (watchdog.OK, ""), model
+
+
 def test_killed_rerank_stub_is_noticed_and_the_server_recovers(served):
     """The watchdog probes `rerank` too when a reranker is served (last test of each server: it restarts it)."""
     from testing.reliability_helpers import children

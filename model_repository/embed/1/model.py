@@ -4,7 +4,8 @@ The same file serves every unary front of the assembled repository: `embed`
 (TEXT -> `rose_encoder`, EMBEDDINGS) and `score` (QUERY + DOCUMENTS ->
 `rerank_encoder`, SCORES). The tokenize step (engine_lib.tokenization.steps) is the
 one the `tokenizer_model` runs, built from that model's config.pbtxt parameters
-and ROSE_* environment, so ids equal the ensemble's; the encoder is `encoder_model`.
+and ROSE_* environment, so ids equal the ensemble's; the encoder is `encoder_model`,
+which must answer within `bls_timeout_s` (rose_triton/front.py).
 """
 import asyncio
 import json
@@ -13,6 +14,7 @@ import triton_python_backend_utils as pb_utils
 
 from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import relayed_error, triton_error
+from rose_triton.front import FrontConfig, exec_decoupled
 from rose_triton.parameters import (
     config_from_parameters,
     config_parameters,
@@ -25,12 +27,11 @@ from rose_triton.parameters import (
 class TritonPythonModel:
     def initialize(self, args):
         try:
-            params = config_parameters(args)
-            self.encoder_model = params["encoder_model"]
+            self.config = config_from_parameters(FrontConfig, config_parameters(args))
             self.inputs, self.outputs = input_names(args), output_names(args)
             step = step_for_inputs(self.inputs)
             self.tokenize = step(config_from_parameters(step.config_cls,
-                                                        sibling_parameters(args, params["tokenizer_model"])))
+                                                        sibling_parameters(args, self.config.tokenizer_model)))
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
 
@@ -50,14 +51,15 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             arrays[name] = None if tensor is None else tensor.as_numpy()
         tensors = self.tokenize(arrays, parameters)
+        encoder = self.config.encoder_model
         bls = pb_utils.InferenceRequest(
-            model_name=self.encoder_model, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
+            model_name=encoder, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
             requested_output_names=self.outputs, parameters=parameters)
-        responses = await bls.async_exec(decoupled=True)
+        responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s)
         for response in responses:
             if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
                 return pb_utils.InferenceResponse(error=relayed_error(pb_utils, response.error()))
             outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in self.outputs]
             if all(t is not None for t in outputs):
                 return pb_utils.InferenceResponse(output_tensors=outputs)
-        raise RuntimeError(f"{self.encoder_model} returned no {self.outputs}")
+        raise RuntimeError(f"{encoder} returned no {self.outputs}")

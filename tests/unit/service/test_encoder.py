@@ -7,6 +7,7 @@ import pytest
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 from engine_lib.service.endpoint import Endpoint, finish_rows
+from engine_lib.service.outputs import EmbeddingOutput
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service
 
 RAW = RequestOptions(normalize=False)
@@ -78,6 +79,20 @@ def test_errors_pass_through_without_rows():
     replies.wait_for(1)
     rows, error = replies.results["bad"]
     assert rows is None and "inference failed" in str(error)
+    encoder.close()
+
+
+def test_post_processing_failure_is_answered_as_an_error():
+    class BrokenOutput(EmbeddingOutput):
+        def finish(self, rows, options):
+            raise ValueError("no rows today")
+
+    encoder = Endpoint(make_service(FakeEngine()), output=BrokenOutput(FakeEngine.output_dim))
+    replies = Replies()
+    encode(encoder, replies, "broken", [[1, 2]])
+    replies.wait_for(1)
+    rows, error = replies.results["broken"]
+    assert rows is None and "post-processing the rows failed: ValueError('no rows today')" in str(error)
     encoder.close()
 
 

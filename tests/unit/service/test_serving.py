@@ -182,6 +182,46 @@ def test_engine_failure_fails_only_its_requests():
     service.close()
 
 
+@pytest.mark.parametrize("handed_off", [False, True], ids=["answered-inline", "completion-thread"])
+def test_rows_not_matching_the_batch_fail_its_requests_with_an_error(handed_off):
+    engine = FakeEngine(short_token=999)  # a batch holding 999 returns one row too few
+    if handed_off:
+        engine.gate.clear()
+    service = make_service(engine, max_batch_sequences=2)
+    replies = Replies()
+    submit(service, replies, "short", [[999, 1], [2]])  # fills one batch of two sequences
+    submit(service, replies, "good", [[5, 6]])
+    engine.gate.set()
+    replies.wait_for(2)
+    rows, error = replies.results["short"]
+    assert rows is None and "returned rows of shape [1, 4] for 2 sequences" in str(error)
+    np.testing.assert_array_equal(replies.results["good"][0], [expected_row([5, 6])])
+    service.close()
+    assert service.metrics.total("rose_requests_total", outcome="error") == 1
+
+
+def test_a_response_callback_that_fails_on_the_result_is_answered_with_the_error():
+    service = make_service(FakeEngine())
+    calls, answered = [], threading.Event()
+
+    def on_done(rows, error):
+        calls.append((rows, error))
+        if error is None:
+            raise RuntimeError("cannot build the response")
+        answered.set()
+
+    service.submit(np.array([1, 2], dtype=np.int64), [2], on_done)
+    assert answered.wait(10), f"the request got no error answer after its callback failed: {calls}"
+    replies = Replies()
+    submit(service, replies, "next", [[3]])  # the service goes on
+    replies.wait_for(1)
+    service.close()
+    assert [rows is None for rows, _ in calls] == [False, True]
+    assert "sending the result failed" in str(calls[1][1]) and "cannot build the response" in str(calls[1][1])
+    assert service.metrics.total("rose_requests_total", outcome="error") == 1
+    assert service.metrics.total("rose_requests_total", outcome="ok") == 1  # only "next"
+
+
 def test_close_drains_then_refuses():
     engine = FakeEngine()
     service = make_service(engine)

@@ -1,6 +1,7 @@
 """rose_triton: engine errors on the wire (code, field) survive any wrapping; config parameters and launcher overrides."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from engine_lib.config import EncoderConfig, PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError, OverloadError, RequestCancelled
 from rose_triton.errors import relayed_error, triton_error, wire_error
+from rose_triton.front import EncoderTimeout, FrontConfig, exec_decoupled
 from rose_triton.parameters import (
     config_from_parameters,
     config_from_pbtxt,
@@ -113,3 +115,41 @@ def test_precedence_explicit_over_environment_over_config_pbtxt_over_default(tmp
     path.write_text(path.read_text().replace("parameters [", 'parameters [ { key: "env_prefix", value: '
                                                                 '{ string_value: "ROSE_RERANK_" } },'))
     assert config_from_pbtxt(PairTokenizerConfig, str(path), env).model_dir == "rerank-env"
+
+
+class BlsRequest:
+    """pb_utils.InferenceRequest's async_exec: `answer` None = the encoder never answers."""
+
+    def __init__(self, answer=None):
+        self.answer = answer
+
+    def async_exec(self, decoupled=False):
+        assert decoupled
+        future = asyncio.get_running_loop().create_future()
+        if self.answer is not None:
+            future.set_result(self.answer)
+        return future
+
+
+def test_a_bls_call_past_its_timeout_fails_unavailable_naming_the_timeout():
+    with pytest.raises(EncoderTimeout) as timed_out:
+        asyncio.run(exec_decoupled(BlsRequest(), "rose_encoder", 0.01))
+    assert "rose_encoder did not answer within 0.01 s (parameter bls_timeout_s" in str(timed_out.value)
+    triton = triton_error(FakePbUtils, timed_out.value)
+    assert triton.code() == FakeTritonError.UNAVAILABLE and decode(triton.message()).code == "UNAVAILABLE"
+    assert asyncio.run(exec_decoupled(BlsRequest(["response"]), "rose_encoder", 60)) == ["response"]
+
+
+def test_front_config_reads_the_timeout_under_the_environment_and_refuses_bad_ones():
+    names = {"tokenizer_model": "tokenizer", "encoder_model": "rose_encoder"}
+    assert config_from_parameters(FrontConfig, {**names, "bls_timeout_s": "2.5"}, environ={}).bls_timeout_s == 2.5
+    assert config_from_parameters(FrontConfig, names, environ={}).bls_timeout_s == FrontConfig.bls_timeout_s
+    assert config_from_parameters(FrontConfig, {**names, "bls_timeout_s": "2.5"},
+                                  environ={"ROSE_BLS_TIMEOUT_S": "7"}).bls_timeout_s == 7
+    for bad in ("0", "-1", "inf", "nan", "soon"):
+        with pytest.raises(ValueError, match="bls_timeout_s"):
+            FrontConfig.from_parameters({**names, "bls_timeout_s": bad})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        FrontConfig.from_parameters({**names, "bls_timeout": "1"})
+    with pytest.raises(ValueError, match="encoder_model"):
+        FrontConfig.from_parameters({"tokenizer_model": "tokenizer"})

@@ -12,12 +12,13 @@ import pytest
 from engine_lib.config import EncoderConfig
 from engine_lib.tokenization.steps import step_for_inputs
 from gateway.config import GatewayConfig
+from rose_triton.front import FrontConfig
 from rose_triton.parameters import DEFAULT_ENV_PREFIX, pbtxt_parameters, read_model_config
 from rose_triton.server import REPO
 
 ROOTS = {"model_repository": REPO / "model_repository", "rerank": REPO / "model_sets" / "rerank"}
 ENV_PREFIX = {"model_repository": DEFAULT_ENV_PREFIX, "rerank": "ROSE_RERANK_"}
-FRONT_PARAMETERS = {"tokenizer_model", "encoder_model"}
+FRONT_PARAMETERS = {"tokenizer_model", "encoder_model", "bls_timeout_s"}
 # Parameters meant to differ from the dataclass default, and why.
 DEVIATIONS = {
     ("rerank", "rerank_encoder", "task"): "score",  # scores pairs instead of pooling
@@ -99,6 +100,7 @@ def test_each_set_pairs_one_tokenizer_with_one_encoder(root):
              .ensemble_scheduling.step]
     params = pbtxt_parameters(str(folder(root, front) / "config.pbtxt"))
     assert set(params) == FRONT_PARAMETERS
+    assert FrontConfig.from_parameters(params).bls_timeout_s == FrontConfig.bls_timeout_s
     tokenizer, encoder = params["tokenizer_model"], params["encoder_model"]
     assert steps == [tokenizer, encoder]
     assert (kind(root, tokenizer), kind(root, encoder)) == ("tokenizer", "rose_encoder")

@@ -1,0 +1,59 @@
+"""The unary fronts (`embed`, `score`): their settings, and their BLS call to the encoder under a deadline."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from engine_lib.errors import OverloadError
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    """A unary front's config.pbtxt parameters: the two models it chains, and how long it waits
+    for the encoder's answer (`bls_timeout_s`; ROSE_BLS_TIMEOUT_S overrides it, rose_triton/parameters.py)."""
+    tokenizer_model: str
+    encoder_model: str
+    bls_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if not self.tokenizer_model or not self.encoder_model:
+            raise ValueError("set the parameters tokenizer_model and encoder_model")
+        if not (isinstance(self.bls_timeout_s, (int, float)) and math.isfinite(self.bls_timeout_s)
+                and self.bls_timeout_s > 0):
+            raise ValueError(f"bls_timeout_s must be a number of seconds > 0, got {self.bls_timeout_s!r}")
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], **overrides) -> "FrontConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(known)}")
+        merged = {**params, **{k: v for k, v in overrides.items() if v is not None}}
+        if "bls_timeout_s" in merged:
+            try:
+                merged["bls_timeout_s"] = float(merged["bls_timeout_s"])
+            except ValueError:
+                raise ValueError(f"parameter bls_timeout_s: expected seconds, got {merged['bls_timeout_s']!r}") from None
+        return cls(**{"tokenizer_model": "", "encoder_model": "", **merged})
+
+
+class EncoderTimeout(OverloadError):
+    """The encoder did not answer a BLS call within `bls_timeout_s`: UNAVAILABLE on the wire
+    (retry, or on another replica)."""
+
+
+async def exec_decoupled(bls_request, encoder_model: str, timeout_s: float):
+    """`bls_request.async_exec(decoupled=True)` -> its responses; EncoderTimeout after `timeout_s`.
+
+    Triton 2.51's async_exec waits for the first response in a thread of the event loop's
+    default executor, and that wait cannot be interrupted: after a timeout the thread stays
+    blocked until the encoder answers or the server restarts (the executor's size bounds how
+    many), but the front answers and takes its next request."""
+    try:
+        return await asyncio.wait_for(bls_request.async_exec(decoupled=True), timeout_s)
+    except asyncio.TimeoutError:
+        raise EncoderTimeout(f"{encoder_model} did not answer within {timeout_s:g} s (parameter bls_timeout_s "
+                             f"of the unary front); retry, or on another replica") from None

@@ -1,0 +1,213 @@
+"""scripts/watchdog.py: which probe outcomes restart the server (timeouts counted, every
+served model probed), the probe against real sockets, and a stop that leaves no process of
+the old server behind (a SIGSTOPped child included)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rose_triton.parameters import pbtxt_parameters, read_model_config
+from rose_triton.server import REPO
+
+spec = importlib.util.spec_from_file_location("watchdog", REPO / "scripts" / "watchdog.py")
+watchdog = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(watchdog)
+
+OK, ERROR, DEAD, TIMEOUT, UNREACHABLE = (watchdog.OK, watchdog.ANSWERED_ERROR, watchdog.DEAD, watchdog.TIMEOUT,
+                                         watchdog.UNREACHABLE)
+MODELS = watchdog.served_models(rerank=True)
+
+
+def outcomes(**by_model):
+    return {m: (by_model.get(m, OK), "") for m in MODELS}
+
+
+def test_a_dead_stub_restarts_at_once_naming_it():
+    judge = watchdog.Judge(MODELS, max_timeouts=3)
+    reason = judge.verdict({**outcomes(), "embed": (DEAD, "Stub process 'embed_0' is not healthy")})
+    assert reason == "embed: Stub process 'embed_0' is not healthy"
+
+
+def test_timeouts_in_a_row_of_one_model_restart():
+    judge = watchdog.Judge(MODELS, max_timeouts=3)
+    assert judge.verdict(outcomes(score=TIMEOUT)) == ""
+    assert judge.verdict(outcomes(score=TIMEOUT)) == ""
+    assert judge.verdict(outcomes(score=TIMEOUT)).startswith("score: 3 probe(s) in a row got no answer")
+
+
+@pytest.mark.parametrize("between, restarts", [(OK, False), (ERROR, False), (UNREACHABLE, True)])
+def test_an_answer_resets_the_count_a_refused_connection_does_not(between, restarts):
+    judge = watchdog.Judge(MODELS, max_timeouts=2)
+    assert judge.verdict(outcomes(ensemble=TIMEOUT)) == ""
+    assert judge.verdict(outcomes(ensemble=between)) == ""
+    assert bool(judge.verdict(outcomes(ensemble=TIMEOUT))) == restarts
+
+
+def test_timeouts_while_the_encoder_answers_other_requests_are_queueing_not_a_hang():
+    judge = watchdog.Judge(MODELS, max_timeouts=1)
+    assert judge.verdict(outcomes(ensemble=TIMEOUT, embed=TIMEOUT), busy={"ensemble", "embed"}) == ""
+    assert judge.verdict(outcomes(ensemble=TIMEOUT), busy={"rerank", "score"}).startswith("ensemble:")
+
+
+def test_busy_models_follow_their_encoders_answer_counts():
+    before = {"rose_encoder": 10.0, "rerank_encoder": 4.0}
+    assert watchdog.busy_models(MODELS, before, {"rose_encoder": 11.0, "rerank_encoder": 4.0}) == {"ensemble", "embed"}
+    assert watchdog.busy_models(MODELS, before, None) == set()  # metrics unknown: every timeout counts
+
+
+def test_every_served_model_is_probed_in_each_round():
+    asked = []
+
+    def probe_one(url, model, timeout):
+        asked.append(model)
+        return TIMEOUT, ""
+
+    with ThreadPoolExecutor(4) as pool:
+        found, busy = watchdog.probe_round(pool, "http://unused", MODELS, 1.0, probe_one=probe_one)
+    assert sorted(asked) == sorted(MODELS) and set(found) == set(MODELS) and busy == set()
+    assert watchdog.served_models(rerank=False) == ["ensemble", "embed"]
+
+
+def model_folders():
+    for root in (REPO / "model_repository", REPO / "model_sets" / "rerank"):
+        for folder in sorted(root.iterdir()):
+            if (folder / "config.pbtxt").is_file():
+                yield folder
+
+
+def test_the_probes_cover_every_model_that_takes_requests_with_its_inputs():
+    """Every ensemble and unary front of the shipped repository is probed with its inputs, and
+    its encoder (whose answer count tells busy from hung) is the one the probe names."""
+    entries = {}
+    for folder in model_folders():
+        config = read_model_config(str(folder / "config.pbtxt"))
+        if config.platform == "ensemble":
+            entries[folder.name] = ([i.name for i in config.input], config.ensemble_scheduling.step[-1].model_name)
+        elif os.path.samefile(folder / "1" / "model.py", REPO / "model_repository" / "embed" / "1" / "model.py"):
+            encoder = pbtxt_parameters(str(folder / "config.pbtxt"))["encoder_model"]
+            entries[folder.name] = ([i.name for i in config.input], encoder)
+    assert set(entries) == set(watchdog.PROBES) == set(MODELS)
+    for model, (inputs, encoder) in entries.items():
+        assert sorted(watchdog.PROBES[model]) == sorted(inputs) and watchdog.ENCODER_OF[model] == encoder
+
+
+class FakeTriton(BaseHTTPRequestHandler):
+    """Answers a generate as `server.mode` says; GET serves `server.metrics`."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status, body = {"ok": (200, '{"EMBEDDINGS": [[1.0]]}'),
+                        "dead": (400, '{"error":"Stub process \'rose_encoder_0_0\' is not healthy."}'),
+                        "overloaded": (400, '{"error":"overloaded: encoder queue is full"}')}[self.server.mode]
+        self.answer(status, body)
+
+    def do_GET(self):
+        self.answer(200, self.server.metrics)
+
+    def answer(self, status, body):
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_triton():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeTriton)
+    server.daemon_threads = True
+    server.mode, server.metrics = "ok", ""
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def silent_url():
+    """Accepts connections (the kernel's backlog) and never answers: a hung server."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def closed_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_probe_outcomes_over_real_sockets(fake_triton, silent_url):
+    server, url = fake_triton
+    for mode, expected in (("ok", OK), ("dead", DEAD), ("overloaded", ERROR)):
+        server.mode = mode
+        assert watchdog.probe(url, "ensemble", 5.0)[0] == expected, mode
+    assert watchdog.probe(silent_url, "embed", 0.2) == (TIMEOUT, "no answer within 0.2 s")
+    assert watchdog.probe(closed_url(), "embed", 5.0)[0] == UNREACHABLE
+
+
+def test_encoder_answers_sum_every_outcome_per_encoder(fake_triton):
+    server, url = fake_triton
+    server.metrics = ('# TYPE rose_requests_total counter\n'
+                      'rose_requests_total{model="rose_encoder",outcome="ok",version="1"} 7\n'
+                      'rose_requests_total{model="rose_encoder",outcome="error",version="1"} 2\n'
+                      'rose_requests_total{model="rerank_encoder",outcome="ok",version="1"} 1\n'
+                      'nv_inference_count{model="rose_encoder",version="1"} 99\n')
+    assert watchdog.encoder_answers(f"{url}/metrics", 5.0) == {"rose_encoder": 9.0, "rerank_encoder": 1.0}
+    assert watchdog.encoder_answers(closed_url() + "/metrics", 5.0) is None
+
+
+def tree_of_sleeps():
+    """A 'server' (bash) with two children (sleep); -> (process, {child pid: start time})."""
+    process = subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600 & wait"])
+    deadline = time.monotonic() + 10
+    while len(children := watchdog.descendants(process.pid)) < 2:
+        assert time.monotonic() < deadline, "the children never started"
+        time.sleep(0.01)
+    return process, children
+
+
+def clean_up(process, children):
+    """Kill what a failed test left, checking each pid is still the process we started."""
+    if process.poll() is None:
+        process.kill()
+    process.wait(10)
+    for pid, start in children.items():
+        if watchdog.running(pid, start):
+            watchdog.send(pid, signal.SIGKILL)
+
+
+def test_stop_leaves_no_process_of_the_tree_a_stopped_one_included():
+    process, children = tree_of_sleeps()
+    os.kill(next(iter(children)), signal.SIGSTOP)  # a stopped process acts on nothing but SIGKILL
+    try:
+        assert watchdog.stop(process.pid, grace=0.5) == []
+        assert process.wait(10) is not None
+        assert not any(watchdog.running(pid, start) for pid, start in children.items())
+    finally:
+        clean_up(process, children)
+
+
+def test_a_hung_server_is_stopped_and_restart_is_asked(silent_url):
+    process, children = tree_of_sleeps()
+    try:
+        verdict = watchdog.main(["--pid", str(process.pid), "--url", silent_url, "--interval", "0.05",
+                                 "--timeout", "0.2", "--max-timeouts", "2", "--grace", "0.2"])
+        assert verdict == watchdog.RESTART
+        assert process.wait(10) is not None
+        assert not any(watchdog.running(pid, start) for pid, start in children.items())
+    finally:
+        clean_up(process, children)
