@@ -110,14 +110,23 @@ def test_configmap_settings_reach_the_engine_configuration():
     assert image_env()["ROSE_SKIP_SETUP"] == "1" and "ROSE_SKIP_SETUP" not in settings
 
 
-def test_gateway_role_runs_the_same_image_against_the_headless_service():
+def test_gateway_role_runs_the_same_image_against_the_headless_service(monkeypatch):
     from gateway.config import parse_args
 
     pod = load("gateway-deployment.yaml")["spec"]["template"]
     (gateway,) = pod["spec"]["containers"]
     assert gateway["image"] == container()["image"]
     assert gateway["command"][:3] == ["python3", "-m", "gateway"]
+    # on 0.0.0.0 it needs its keys, which come from a Secret
+    monkeypatch.delenv("ROSE_GATEWAY_API_KEYS", raising=False)
+    monkeypatch.delenv("ROSE_GATEWAY_ALLOW_UNAUTHENTICATED", raising=False)
+    with pytest.raises(ValueError, match="no API key is set"):
+        parse_args(gateway["command"][3:])
+    (keys,) = [e for e in gateway["env"] if e["name"] == "ROSE_GATEWAY_API_KEYS"]
+    assert set(keys["valueFrom"]) == {"secretKeyRef"}
+    monkeypatch.setenv("ROSE_GATEWAY_API_KEYS", "from-the-secret")
     config = parse_args(gateway["command"][3:])
+    assert config.api_keys == {"from-the-secret"}
     headless = load("service-headless.yaml")
     grpc_port = {p["name"]: p["port"] for p in headless["spec"]["ports"]}["grpc"]
     assert config.triton == (f"dns:///{headless['metadata']['name']}:{grpc_port}",)
