@@ -5,13 +5,17 @@ import uvicorn
 
 from .app import create_app
 from .config import parse_args
+from .http_limits import limited_protocol
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[gateway] %(asctime)s %(levelname)s %(message)s")
-    config = parse_args()
-    uvicorn.run(create_app(config), host=config.host, port=config.port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False)
+    try:
+        config = parse_args()
+    except ValueError as exc:
+        raise SystemExit(f"gateway: {exc}") from None
+    uvicorn.run(create_app(config), host=config.host, port=config.port, loop="uvloop", http=limited_protocol(config),
+                timeout_keep_alive=config.keep_alive_timeout_s, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

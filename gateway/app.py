@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -54,30 +54,44 @@ class Gateway:
         self.tokenizer = GatewayTokenizer(config.tokenizer_config, config.model_dir)
         self.model_name = served_model_name(config, self.tokenizer.config.model_dir, self.tokenizer.model_dir)
         self.rerank_limits = rerank.read_limits(config.rerank_tokenizer_config)
+        self.rerank_pair_tokens = rerank.max_pair_tokens(self.rerank_limits)
         self.metrics = GatewayMetrics()
         self.backend = Backend(config, self.metrics)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self.pending_tokens = 0
+        self.active_requests = 0  # /v1/embeddings and /v1/rerank requests being answered
         self.started = time.time()
 
     def authorize(self, request: Request) -> None:
         if not self.config.api_keys:
             return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not any(hmac.compare_digest(key.strip(), k) for k in self.config.api_keys):
+        # compared as bytes: the header is any bytes (Starlette reads it as latin-1), a key is UTF-8
+        scheme, _, key = request.headers.get("authorization", "").encode("latin-1").partition(b" ")
+        if scheme.lower() != b"bearer" or not any(hmac.compare_digest(key.strip(), k.encode())
+                                                   for k in self.config.api_keys):
             raise ApiError(401, "missing or invalid API key: send Authorization: Bearer <key>", None,
                            "invalid_api_key")
 
     async def read_json(self, request: Request) -> dict:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        request.state.close_connection = True  # until the whole body is in: what is left of it is not read
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise too_large(f"request body is {declared} bytes; at most {limit}")
         body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise too_large(f"request body is over {limit} bytes")
+        try:
+            async with asyncio.timeout(self.config.body_timeout_s):
+                async for part in request.stream():
+                    body += part
+                    if len(body) > limit:
+                        raise too_large(f"request body is over {limit} bytes")
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.config.body_timeout_s:g}s "
+                                f"({len(body)} bytes came)", None, "request_timeout") from None
+        except ClientDisconnect:
+            raise ApiError(499, "the client closed the connection while sending the body", None,
+                           "client_closed_request") from None
+        request.state.close_connection = False
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -90,7 +104,10 @@ class Gateway:
         if not self.backend.any_ready:
             raise ApiError(503, "no Triton replica is ready", None, "no_replica_ready", retry_after=1)
 
-    def admit(self, num_tokens: int) -> None:
+    def admit(self, num_tokens: int, param: str) -> None:
+        if num_tokens > self.config.max_pending_tokens:  # it would never pass: not a 429
+            raise too_large(f"the request holds {num_tokens} tokens; the gateway admits at most "
+                            f"{self.config.max_pending_tokens} at a time: split it", param)
         if self.pending_tokens + num_tokens > self.config.max_pending_tokens:
             raise ApiError(429, f"the gateway holds {self.pending_tokens} tokens in flight; "
                                 f"at most {self.config.max_pending_tokens}: retry later", None,
@@ -123,7 +140,7 @@ class Gateway:
         If the client leaves first, the job is cancelled: its queued chunks are never sent
         (chunks already in flight finish on their replicas)."""
         try:
-            self.admit(num_tokens)
+            self.admit(num_tokens, param)
         except ApiError:
             job.close()
             raise
@@ -141,11 +158,15 @@ class Gateway:
             log.error("%s failed in the gateway: %s", request.url.path, exc)
             raise ApiError(500, "the gateway failed to send the request to the encoders", None,
                            "internal_error") from None
-        except JobFailed as exc:
-            if exc.last_error is not None and exc.last_error.overloaded:
-                raise ApiError(429, f"the encoders are overloaded: {exc}", None, "rate_limit_exceeded",
+        except JobFailed as exc:  # its text names replicas and their errors: for the log only
+            overloaded = exc.last_error is not None and exc.last_error.overloaded
+            log.log(logging.INFO if overloaded else logging.WARNING, "%s %s failed: %s", request.method,
+                    request.url.path, exc)
+            if overloaded:
+                raise ApiError(429, "the encoders are overloaded: retry later", None, "rate_limit_exceeded",
                                retry_after=1) from None
-            raise ApiError(503, f"no replica could answer: {exc}", None, "replica_failed", retry_after=1) from None
+            raise ApiError(503, "no replica could answer the request: retry later", None, "replica_failed",
+                           retry_after=1) from None
         finally:
             self.pending_tokens -= num_tokens
 
@@ -160,7 +181,7 @@ class Gateway:
             raise model_not_found(req.model or name, [], ": no reranker is served (start the launcher with "
                                                          "--rerank-model-dir)")
         scores = await self._dispatch(request, self.backend.rerank(req.query, req.documents, req.parameters),
-                                      len(req.documents), "documents")
+                                      rerank.admission_tokens(req, self.rerank_pair_tokens), "documents")
         self.metrics.inputs.labels("rerank").inc(len(req.documents))
         return json_response(rerank.render_results(req, scores, name))
 
@@ -213,27 +234,53 @@ async def _unless_client_leaves(request: Request, job):
         work.cancel()
 
 
-def _endpoint(gateway: Gateway, name: str, handler):
+def _endpoint(gateway: Gateway, name: str, handler, limited: bool = False):
     """`handler` under the end-to-end deadline (--request-timeout: 504 past it; its queued
-    chunks are dropped as when the client leaves), with metrics."""
+    chunks are dropped as when the client leaves), with metrics. `limited`: counts against
+    --max-concurrent-requests (past it 429, before the body is read; uvicorn skips the body,
+    under the protocol's header deadline)."""
     limit_s = gateway.config.request_timeout_s
 
     async def run(request: Request) -> Response:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(limit_s) as deadline:
-                response = await handler(request)
+                if limited:
+                    response = await _limited(gateway, request, handler)
+                else:
+                    response = await handler(request)
         except ApiError as exc:
             response = exc.response()
         except TimeoutError:
-            if not deadline.expired():
-                raise
-            response = ApiError(504, f"the request did not finish within {limit_s:g} s", None,
-                                "request_timeout").response()
+            if deadline.expired():
+                response = ApiError(504, f"the request did not finish within {limit_s:g} s", None,
+                                    "request_timeout").response()
+            else:  # a timeout of something inside: a bug, as below
+                log.exception("internal error on %s %s", request.method, request.url.path)
+                response = ApiError(500, "internal error").response()
+        except Exception:  # a bug: the client learns nothing of it, the log everything
+            log.exception("internal error on %s %s", request.method, request.url.path)
+            response = ApiError(500, "internal error").response()
+        if getattr(request.state, "close_connection", False):
+            response.headers["connection"] = "close"
         gateway.metrics.requests.labels(name, str(response.status_code)).inc()
         gateway.metrics.latency.labels(name).observe(time.perf_counter() - started)
         return response
     return run
+
+
+async def _limited(gateway: Gateway, request: Request, handler) -> Response:
+    if gateway.active_requests >= gateway.config.max_concurrent_requests:
+        raise ApiError(429, f"the gateway is answering {gateway.active_requests} requests; at most "
+                            f"{gateway.config.max_concurrent_requests}: retry later", None, "rate_limit_exceeded",
+                       retry_after=1)
+    gateway.active_requests += 1
+    gateway.metrics.active_requests.inc()
+    try:
+        return await handler(request)
+    finally:
+        gateway.active_requests -= 1
+        gateway.metrics.active_requests.dec()
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -242,7 +289,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path)
-    return ApiError(500, f"internal error: {type(exc).__name__}").response()
+    return ApiError(500, "internal error").response()
 
 
 def create_app(config: GatewayConfig) -> Starlette:
@@ -256,8 +303,8 @@ def create_app(config: GatewayConfig) -> Starlette:
         await gateway.backend.close()
         gateway.pool.shutdown(wait=False)
 
-    routes = [Route("/v1/embeddings", _endpoint(gateway, "embeddings", gateway.embeddings), methods=["POST"]),
-              Route("/v1/rerank", _endpoint(gateway, "rerank", gateway.rerank), methods=["POST"]),
+    routes = [Route("/v1/embeddings", _endpoint(gateway, "embeddings", gateway.embeddings, True), methods=["POST"]),
+              Route("/v1/rerank", _endpoint(gateway, "rerank", gateway.rerank, True), methods=["POST"]),
               Route("/v1/models", _endpoint(gateway, "models", gateway.models), methods=["GET"]),
               Route("/health", gateway.health, methods=["GET"]),
               Route(liveness.LIVENESS_PATH, gateway.livez, methods=["GET"]),

@@ -4,6 +4,7 @@ tokenizer models' config.pbtxt under ROSE_* (rose_triton.parameters)."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,19 +33,41 @@ class GatewayConfig:
     max_rerank_chunk_documents: int = 64
     max_pending_tokens: int = 1 << 20   # tokens accepted and not yet answered; past it 429
     max_body_bytes: int = 8 << 20
-    request_timeout_s: float = 120.0    # end-to-end deadline of a request (body read to answer); past it 504
+    max_concurrent_requests: int = 128  # /v1/embeddings and /v1/rerank being answered; past it 429
+    max_header_bytes: int = 32 << 10   # request line + headers; past it 431
+    header_timeout_s: float = 10.0     # to receive a request's headers (from connect or the last answer)
+    body_timeout_s: float = 30.0       # to receive a request's body (from its headers); past it 408
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
+    request_timeout_s: float = 120.0   # end-to-end deadline of a request (body read to answer); past it 504
     health_interval_s: float = 1.0
     dns_refresh_s: float = 10.0
+    allow_unauthenticated: bool = False  # listen beyond loopback without API keys
 
     def __post_init__(self):
         if not self.triton:
             raise ValueError("give at least one --triton address")
         for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
-                     "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes"):
+                     "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes", "max_concurrent_requests",
+                     "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.api_keys and not self.allow_unauthenticated and not is_loopback(self.host):
+            raise ValueError(f"--host {self.host} is reachable from other machines and no API key is set: set "
+                             "ROSE_GATEWAY_API_KEYS or --api-key-file, or pass --allow-unauthenticated "
+                             "(ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1) to serve without keys")
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can connect to `host` (a name other than localhost counts as open)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:
@@ -76,10 +99,17 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--rerank-model-name", default=os.environ.get("ROSE_RERANK_MODEL_NAME", "rerank"))
     p.add_argument("--api-key-file", default=os.environ.get("ROSE_GATEWAY_API_KEY_FILE"),
                    help="require Authorization: Bearer with one of these keys (also ROSE_GATEWAY_API_KEYS)")
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   default=os.environ.get("ROSE_GATEWAY_ALLOW_UNAUTHENTICATED", "") == "1",
+                   help="serve without API keys on an address other machines reach (refused otherwise; also "
+                        "ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1)")
     for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
                  "max_rerank_chunk_documents",
-                 "max_pending_tokens", "max_body_bytes"):
+                 "max_pending_tokens", "max_body_bytes", "max_concurrent_requests", "max_header_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(GatewayConfig, name))
+    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+        p.add_argument("--" + name.removesuffix("_s").replace("_", "-"), type=float, default=getattr(GatewayConfig, name),
+                       help="seconds")
     p.add_argument("--request-timeout", type=float, default=GatewayConfig.request_timeout_s, metavar="SECONDS",
                    help="end-to-end deadline of a request, body read to answer (default %(default)g); past it 504")
     args = p.parse_args(argv)
@@ -92,4 +122,14 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         max_chunk_tokens=args.max_chunk_tokens,
         max_chunk_texts=args.max_chunk_texts, max_rerank_chunk_documents=args.max_rerank_chunk_documents,
         max_pending_tokens=args.max_pending_tokens, max_body_bytes=args.max_body_bytes,
+        max_concurrent_requests=args.max_concurrent_requests, max_header_bytes=args.max_header_bytes,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        keep_alive_timeout_s=args.keep_alive_timeout, allow_unauthenticated=args.allow_unauthenticated,
         request_timeout_s=args.request_timeout)
+
+
+if __name__ == "__main__":  # `python -m gateway.config ARGS`: check the settings only (scripts/serve.sh)
+    try:
+        parse_args()
+    except ValueError as exc:
+        raise SystemExit(f"gateway: {exc}") from None

@@ -72,7 +72,8 @@ def parse_request(body: dict, width: int | None = None) -> EmbeddingRequest:
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string", "model")
     texts, token_ids = _parse_input(body["input"])
-    fmt = body.get("encoding_format") or "float"
+    fmt = body.get("encoding_format")
+    fmt = "float" if fmt is None else fmt
     if fmt not in ("float", "base64"):
         raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
     try:

@@ -7,8 +7,14 @@ from starlette.responses import Response
 from engine_lib.errors import InputError, InputTooLarge
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
+         405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+         429: "rate_limit_error", 431: "invalid_request_error", 499: "client_closed_request",
          500: "server_error", 503: "service_unavailable", 504: "timeout"}
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"),
+                                   "param": param, "code": code}})
 
 
 class ApiError(Exception):
@@ -19,10 +25,9 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
     def response(self) -> Response:
-        body = {"error": {"message": self.message, "type": TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return Response(orjson.dumps(body), self.status, headers, media_type="application/json")
+        return Response(error_body(self.status, self.message, self.param, self.code), self.status, headers,
+                        media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:

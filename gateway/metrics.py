@@ -28,6 +28,8 @@ class GatewayMetrics:
                                "started", ["replica"], registry=r)
         self.ready = Gauge("gateway_replica_ready", "1 when the replica serves the encoder", ["replica"], registry=r)
         self.pending_tokens = Gauge("gateway_pending_tokens", "Tokens accepted and not yet answered", registry=r)
+        self.active_requests = Gauge("gateway_active_requests", "/v1/embeddings and /v1/rerank requests being "
+                                     "answered (bound: --max-concurrent-requests)", registry=r)
         for endpoint in ("embeddings", "rerank"):
             self.latency.labels(endpoint)
             self.inputs.labels(endpoint)

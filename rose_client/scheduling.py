@@ -1,10 +1,11 @@
-"""Which replica takes which chunk next: FCFS queue, per-replica cool-down after
-failures, retry elsewhere, give up after too many failures. Plain data, no
-threads and no I/O: the asyncio dispatcher (aio.py) calls it from its event
-loop.
+"""Which replica takes which chunk next: jobs take turns (round-robin, one chunk
+each, FCFS within a job), per-replica cool-down after failures, retry
+elsewhere, give up after too many failures. Plain data, no threads and no I/O:
+the asyncio dispatcher (aio.py) calls it from its event loop.
 
 Invariant: a task is either in the queue or held by exactly one caller that
-took it; it goes back only through `chunk_failed` / `replica_unready`.
+took it; it goes back only through `chunk_failed` / `replica_unready`, to the
+front of its job's queue, and that job goes first (a retry waits for no one).
 """
 from __future__ import annotations
 
@@ -56,15 +57,23 @@ def describe(chunk: Chunk) -> str:
 
 
 class TaskQueue:
-    """Pending tasks and replica states; callers serialise access."""
+    """Pending tasks and replica states; callers serialise access. Each job (`Task.job`)
+    has its own queue and the jobs take turns, so one big job cannot starve the small
+    ones queued behind it."""
 
     def __init__(self, urls: Sequence[str], retry: RetryPolicy):
         if not urls:
             raise ValueError("no replica addresses given")
         self.retry = retry
         self.replicas: dict[str, ReplicaState] = {}
-        self.pending: collections.deque[Task] = collections.deque()
+        # job -> its queued tasks; the dict's order is the turn order (first = next)
+        self._jobs: collections.OrderedDict[Any, collections.deque[Task]] = collections.OrderedDict()
         self.set_replicas(urls)
+
+    @property
+    def pending(self) -> list[Task]:
+        """Every queued task, job by job in turn order (a snapshot)."""
+        return [task for tasks in self._jobs.values() for task in tasks]
 
     def set_replicas(self, urls: Iterable[str]) -> None:
         """Keep the state of replicas still listed, add new ones, forget the rest."""
@@ -72,10 +81,22 @@ class TaskQueue:
         self.replicas = {url: self.replicas.get(url) or ReplicaState(url) for url in urls}
 
     def push(self, tasks: Iterable[Task]) -> None:
-        self.pending.extend(tasks)
+        """Queue tasks behind their job's; a new job takes its turn after the jobs queued now."""
+        for task in tasks:
+            self._jobs.setdefault(task.job, collections.deque()).append(task)
 
     def drop(self, keep: Callable[[Task], bool]) -> None:
-        self.pending = collections.deque(t for t in self.pending if keep(t))
+        for job, tasks in list(self._jobs.items()):
+            kept = collections.deque(t for t in tasks if keep(t))
+            if kept:
+                self._jobs[job] = kept
+            else:
+                del self._jobs[job]
+
+    def _requeue(self, task: Task) -> None:
+        """Back to the front of its job's queue, and that job goes next."""
+        self._jobs.setdefault(task.job, collections.deque()).appendleft(task)
+        self._jobs.move_to_end(task.job, last=False)
 
     def _eligible(self, task: Task, url: str) -> bool:
         """Not on a replica that failed it, unless every replica has."""
@@ -86,12 +107,19 @@ class TaskQueue:
         return max(self.replicas[url].cooldown_until - now, 0.0)
 
     def take(self, url: str, now: float) -> Task | None:
+        """The first task `url` may run of the first job in turn that has one; that job's
+        turn then passes (it goes last)."""
         if url not in self.replicas or self.wait_s(url, now) > 0:
             return None
-        for task in self.pending:
-            if self._eligible(task, url):
-                self.pending.remove(task)
-                return task
+        for job, tasks in self._jobs.items():
+            for task in tasks:
+                if self._eligible(task, url):
+                    tasks.remove(task)
+                    if tasks:
+                        self._jobs.move_to_end(job)
+                    else:
+                        del self._jobs[job]
+                    return task
         return None
 
     def succeeded(self, url: str) -> None:
@@ -102,7 +130,7 @@ class TaskQueue:
         """`url` was not ready to take `task`: the replica rests, the task keeps its attempts."""
         if url in self.replicas:
             self.replicas[url].failed(self.retry, now)
-        self.pending.appendleft(task)
+        self._requeue(task)
 
     def chunk_failed(self, url: str, task: Task, reason: str, now: float, blame_replica: bool = True) -> str | None:
         """Count a failure of `task` on `url`; requeue it at the front, or return why its job fails.
@@ -115,13 +143,13 @@ class TaskQueue:
         task.failed_on.add(url)
         if task.attempts >= self.retry.max_attempts:
             return f"{describe(task.chunk)} failed {task.attempts} times; last error: {reason}"
-        self.pending.appendleft(task)
+        self._requeue(task)
         return None
 
     def unavailable_message(self, now: float) -> str | None:
         """Why the waiting work must fail: every replica failing for too long."""
         since = [r.failing_since for r in self.replicas.values()]
-        if self.pending and since and all(s is not None for s in since):
+        if self._jobs and since and all(s is not None for s in since):
             down_for = now - max(since)
             if down_for > self.retry.max_unavailable_s:
                 return f"no replica answered for {down_for:.0f}s: " + ", ".join(self.replicas)

@@ -6,7 +6,10 @@
 #                    [--model-repository DIR] [--gateway-port N] [--no-gateway]
 #                    [-- extra tritonserver flags]
 # Beside Triton it starts the OpenAI-compatible gateway (python -m gateway) on
-# --host:--gateway-port (default 8080) unless --no-gateway.
+# --host:--gateway-port (default 8080) unless --no-gateway. On a --host other
+# machines reach, the gateway needs API keys (ROSE_GATEWAY_API_KEYS or
+# ROSE_GATEWAY_API_KEY_FILE) or ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1: without
+# either, serve.sh refuses to start (exit 1, naming them).
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
 # e.g. ROSE_MAX_BATCH_TOKENS), ROSE_RERANK_MODEL_DIR (a reranker folder: also
@@ -72,6 +75,10 @@ else
   export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+GATEWAY_ARGS=(--triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT")
+if [[ "$GATEWAY" == 1 ]]; then
+  python3 -m gateway.config "${GATEWAY_ARGS[@]}"  # its settings (keys for an open --host), before anything starts
+fi
 
 # Optional model sets (model_sets/<set>/) are served beside the base repository
 # in an assembled one (scripts/assemble_repository.py); without any, the base is served as is.
@@ -140,8 +147,7 @@ supervise_gateway() {
         exit 0' TERM
   while true; do
     started=$SECONDS
-    python3 -m gateway --triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT" \
-      --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" &
+    python3 -m gateway "${GATEWAY_ARGS[@]}" --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" &
     child=$!
     status=0; wait "$child" || status=$?
     if (( SECONDS - started >= 60 )); then delay=1; fi

@@ -110,14 +110,24 @@ def test_configmap_settings_reach_the_engine_configuration():
     assert image_env()["ROSE_SKIP_SETUP"] == "1" and "ROSE_SKIP_SETUP" not in settings
 
 
-def test_gateway_role_runs_the_same_image_against_the_headless_service():
+def test_gateway_role_runs_the_same_image_against_the_headless_service(monkeypatch, tmp_path):
     from gateway.config import parse_args
 
     pod = load("gateway-deployment.yaml")["spec"]["template"]
     (gateway,) = pod["spec"]["containers"]
     assert gateway["image"] == container()["image"]
     assert gateway["command"][:3] == ["python3", "-m", "gateway"]
+    # on 0.0.0.0 it needs its keys, which come from a Secret mounted as a file
+    monkeypatch.delenv("ROSE_GATEWAY_API_KEYS", raising=False)
+    monkeypatch.delenv("ROSE_GATEWAY_API_KEY_FILE", raising=False)
+    monkeypatch.delenv("ROSE_GATEWAY_ALLOW_UNAUTHENTICATED", raising=False)
+    with pytest.raises(ValueError, match="no API key is set"):
+        parse_args(gateway["command"][3:])
+    assert "ROSE_GATEWAY_API_KEY_FILE" in {e["name"] for e in gateway["env"]}
+    (tmp_path / "api-keys").write_text("from-the-secret\n")
+    monkeypatch.setenv("ROSE_GATEWAY_API_KEY_FILE", str(tmp_path / "api-keys"))
     config = parse_args(gateway["command"][3:])
+    assert config.api_keys == {"from-the-secret"}
     headless = load("service-headless.yaml")
     grpc_port = {p["name"]: p["port"] for p in headless["spec"]["ports"]}["grpc"]
     assert config.triton == (f"dns:///{headless['metadata']['name']}:{grpc_port}",)
@@ -188,11 +198,13 @@ def test_gateway_probes_use_its_liveness_and_readiness_routes():
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
 
 
-def test_gateway_drains_within_its_grace_period():
+def test_gateway_drains_within_its_grace_period(monkeypatch):
     from gateway.config import parse_args
 
     pod = load("gateway-deployment.yaml")["spec"]["template"]["spec"]
     pre_stop = gateway_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
+    monkeypatch.delenv("ROSE_GATEWAY_API_KEY_FILE", raising=False)
+    monkeypatch.setenv("ROSE_GATEWAY_API_KEYS", "from-the-secret")  # on 0.0.0.0 it starts only with keys
     config = parse_args(gateway_container()["command"][3:])
     assert int(pre_stop[1]) + config.request_timeout_s < pod["terminationGracePeriodSeconds"]

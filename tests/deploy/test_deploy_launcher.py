@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import signal
+import subprocess
 import sys
 import sysconfig
 import time
@@ -17,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from rose_triton.server import REPO, TritonServer
+from rose_triton.server import REPO, TritonServer, free_port
 from testing.dockerfile import image_env, instructions
 from testing.embed_clients import embed_stream
 from testing.hold import EncoderHold, wait_for_metric
@@ -25,17 +26,22 @@ from testing.hold import EncoderHold, wait_for_metric
 TRITON_HOME = REPO / "build" / "pytriton" / "tritonserver"
 
 
-@pytest.fixture(scope="module")
-def container_mode_server(tmp_path_factory):
+def container_env() -> dict[str, str]:
+    """The image's ENV and the ConfigMap's settings, and what the image provides natively."""
     if not (TRITON_HOME / "bin" / "tritonserver").exists():
         pytest.fail("no local Triton: run scripts/setup.sh first")
     (configmap,) = yaml.safe_load_all((REPO / "docker" / "k8s" / "configmap.yaml").read_text())
-    env = {**{k: v for k, v in image_env().items() if "$" not in v}, **configmap["data"],
-           # what the image provides natively: tritonserver on PATH, its backends, libpython
-           "PATH": f"{TRITON_HOME / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
-           "TRITON_BACKEND_DIR": str(TRITON_HOME / "backends"),
-           "LD_LIBRARY_PATH": sysconfig.get_config_var("LIBDIR"),
-           "ROSE_VENV": "/nonexistent"}  # were setup.sh to run, it would fail on this
+    return {**{k: v for k, v in image_env().items() if "$" not in v}, **configmap["data"],
+            # what the image provides natively: tritonserver on PATH, its backends, libpython
+            "PATH": f"{TRITON_HOME / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
+            "TRITON_BACKEND_DIR": str(TRITON_HOME / "backends"),
+            "LD_LIBRARY_PATH": sysconfig.get_config_var("LIBDIR"),
+            "ROSE_VENV": "/nonexistent"}  # were setup.sh to run, it would fail on this
+
+
+@pytest.fixture(scope="module")
+def container_mode_server(tmp_path_factory):
+    env = container_env()
     command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
     tritonserver_flags = command[command.index("--") + 1:]
     folder = tmp_path_factory.mktemp("container")
@@ -63,6 +69,21 @@ def test_container_start_path_runs_the_gateway(container_mode_server, reference_
         rows = np.array([d["embedding"] for d in json.load(response)["data"]])
     reference = reference_model.encode(texts, normalize_embeddings=True)
     np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+
+
+def test_the_image_command_refuses_an_open_gateway_without_keys():
+    """The image's CMD listens on 0.0.0.0: without API keys (or
+    ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1) serve.sh stops before anything starts."""
+    command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROSE_GATEWAY")}
+    ports = [str(free_port()) for _ in range(4)]
+    args = ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--gateway-port", ports[3]]
+    result = subprocess.run([str(REPO / "scripts" / "serve.sh"), "--host", "0.0.0.0", *args],
+                            env={**env, **container_env()}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "no API key is set" in result.stderr and "ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1" in result.stderr
+    assert "[serve] HTTP" not in result.stderr  # stopped before starting Triton
 
 
 def test_sigterm_finishes_the_request_in_flight(container_mode_server):
