@@ -8,7 +8,6 @@ import httpx
 import numpy as np
 import pytest
 
-import gateway.app
 from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
@@ -58,14 +57,6 @@ class FakeReplica:
 
         return Slot()
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_tokenizer():
-    """Load the tokenizer once for the module, not once per app."""
-    original, loaded = gateway.app.GatewayTokenizer, {}
-    gateway.app.GatewayTokenizer = lambda *args: loaded.get(args) or loaded.setdefault(args, original(*args))
-    yield
-    gateway.app.GatewayTokenizer = original
 
 
 def run(scenario, replica=None, ready=True, reranker=False, **config):

@@ -7,7 +7,6 @@ import httpx
 import numpy as np
 import pytest
 
-import gateway.app
 from gateway.app import create_app
 from gateway.backend import Backend
 from gateway.config import GatewayConfig
@@ -22,13 +21,6 @@ FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, ma
 MODEL = "all-MiniLM-L6-v2"
 HANG_GUARD_S = 30  # past this the thing awaited will never happen: the test fails instead of hanging
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_tokenizer():
-    original, loaded = gateway.app.GatewayTokenizer, {}
-    gateway.app.GatewayTokenizer = lambda *args: loaded.get(args) or loaded.setdefault(args, original(*args))
-    yield
-    gateway.app.GatewayTokenizer = original
 
 
 class Replica:

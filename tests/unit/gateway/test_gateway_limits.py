@@ -13,7 +13,6 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-import gateway.app
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
@@ -64,13 +63,6 @@ class GatedReplica:
 
         return Slot()
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_tokenizer():
-    original, loaded = gateway.app.GatewayTokenizer, {}
-    gateway.app.GatewayTokenizer = lambda *args: loaded.get(args) or loaded.setdefault(args, original(*args))
-    yield
-    gateway.app.GatewayTokenizer = original
 
 
 def run(scenario, replica_factory=GatedReplica, reranker=False, **config):
