@@ -107,6 +107,8 @@ class EncoderConfig:
     max_inflight_batches: int = 2
     max_queued_tokens: int = 1 << 20
     max_queued_requests: int = 2048
+    # Batch-class work passed over (interactive work filled the batches) longer than this leaves first.
+    batch_promote_ms: int = 1000
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
@@ -126,7 +128,7 @@ class EncoderConfig:
         if self.task not in ("embed", "score"):
             raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
-                     "max_queued_tokens", "max_queued_requests"):
+                     "max_queued_tokens", "max_queued_requests", "batch_promote_ms"):
             value = getattr(self, name)
             if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
                 raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")

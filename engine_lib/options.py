@@ -10,6 +10,12 @@ from engine_lib.config import parse_bool
 from engine_lib.errors import InputError
 
 INPUT_TYPES = ("document", "query")
+# Scheduling classes (engine_lib/service/scheduler.py): interactive work fills each batch first.
+INTERACTIVE, BATCH = "interactive", "batch"
+PRIORITIES = (INTERACTIVE, BATCH)
+# The default class: a request of at most this many texts and tokens is interactive, a larger one batch.
+INTERACTIVE_MAX_TEXTS = 32
+INTERACTIVE_MAX_TOKENS = 8192
 INT64_MAX = (1 << 63) - 1  # every integer a request carries fits Triton's int64 parameters and tensors
 
 
@@ -30,6 +36,23 @@ def _as_bool(name: str, value) -> bool:
         return parse_bool(value)
     except ValueError:
         raise InputError(f"parameter {name!r} must be a boolean, got {value!r}", name) from None
+
+
+def check_priority(value) -> str:
+    """`priority` as a client sends it: interactive or batch (left out: `default_priority` decides)."""
+    if not isinstance(value, str) or value not in PRIORITIES:
+        raise InputError(f"parameter 'priority' must be one of {PRIORITIES}, got {value!r}", "priority")
+    return value
+
+
+def _priority(params: dict) -> str:
+    return check_priority(params["priority"]) if "priority" in params else ""
+
+
+def default_priority(num_texts: int, num_tokens: int) -> str:
+    """The class of a request that sets none: interactive when it is small (a query while a user waits)."""
+    small = num_texts <= INTERACTIVE_MAX_TEXTS and num_tokens <= INTERACTIVE_MAX_TOKENS
+    return INTERACTIVE if small else BATCH
 
 
 def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
@@ -59,11 +82,12 @@ class RequestOptions:
     # Matryoshka: keep the first N dimensions. An integer in [0, 2**63) (or its ASCII digits); 0 = all.
     # At most the model's output width (`check_width`: the encoder, and the gateway when it knows the width).
     dimensions: int = 0
+    priority: str = ""             # interactive | batch; "" = by size (default_priority)
 
     @classmethod
     def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
         """`json_body`: the gateway's JSON body, where an integer is a JSON number, never a string."""
-        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions"})
+        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions", "priority"})
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
@@ -74,7 +98,7 @@ class RequestOptions:
         return cls(input_type=input_type,
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
-                   dimensions=dimensions)
+                   dimensions=dimensions, priority=_priority(params))
 
     def check_width(self, width: int) -> None:
         """Refuse `dimensions` wider than the model's rows (`width`)."""
@@ -91,10 +115,11 @@ class RerankOptions:
     truncate: bool = True     # cut the document side of an over-long pair (the query is kept); False refuses it
     raw_scores: bool = False  # True: the logit; False: the model's activation (sigmoid -> 0..1)
     instruction: str = ""     # task instruction for models that take one ("" = the model's default)
+    priority: str = ""        # interactive | batch; "" = by size (default_priority)
 
     @classmethod
     def from_parameters(cls, params: dict | str | None) -> "RerankOptions":
-        params = parse_parameters(params, {"truncate", "raw_scores", "instruction"})
+        params = parse_parameters(params, {"truncate", "raw_scores", "instruction", "priority"})
         instruction = params.get("instruction", "")
         if not isinstance(instruction, str):
             raise InputError(f"parameter 'instruction' must be a string, got {instruction!r}", "instruction")
@@ -103,4 +128,4 @@ class RerankOptions:
                              "instruction")
         return cls(truncate=_as_bool("truncate", params.get("truncate", True)),
                    raw_scores=_as_bool("raw_scores", params.get("raw_scores", False)),
-                   instruction=instruction)
+                   instruction=instruction, priority=_priority(params))

@@ -1,7 +1,7 @@
-"""BatchingService: request pool -> FCFS batches -> engine.step -> responses.
+"""BatchingService: request pool -> token-budget batches (two priority classes) -> engine.step -> responses.
 
 Two threads. The scheduler thread waits for a launch slot, then pops a batch
-from the FcfsBatcher and launches it (`engine.step` returns a LazyTensor at
+from the PriorityBatcher and launches it (`engine.step` returns a LazyTensor at
 once); at most `max_inflight_batches` are in flight, so batch N+1 is prepared
 and launched while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
@@ -44,7 +44,7 @@ from engine_lib.contract import Engine, PackedBatch
 from engine_lib.errors import OverloadError, RequestCancelled
 from engine_lib.service.fatal import exit_process, is_sticky_device_error
 from engine_lib.service.metrics import EncoderMetrics
-from engine_lib.service.scheduler import FcfsBatcher, ScheduledSequence
+from engine_lib.service.scheduler import INTERACTIVE, PRIORITIES, PriorityBatcher, ScheduledSequence
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ class _PooledRequest:
 def gather(scheduled: list[ScheduledSequence], requests: list[_PooledRequest]) -> PackedBatch:
     """The scheduled sequences as one PackedBatch: their slices of the requests' flat ids, copied once.
 
-    A request's sequences leave in order, so those in one batch are adjacent and
-    contiguous in its ids: one slice per request (taken as is when it is the only one).
+    A request's sequences leave in order, so those in one batch are contiguous in its ids and
+    adjacent (but for a promoted batch-class head, scheduler.py): one slice per run of them
+    (taken as is when it is the only one).
     """
     runs: list[tuple[_PooledRequest, int, int]] = []  # (request, start, stop) in its flat ids
     for seq, request in zip(scheduled, requests):
@@ -98,7 +99,7 @@ class BatchingService:
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process,
-                 hold_file: str = ""):
+                 hold_file: str = "", batch_promote_s: float = 1.0):
         self.engine = engine
         self.hold_file = hold_file  # test-only gate, see the module docstring
         self.max_batch_tokens = max_batch_tokens
@@ -112,7 +113,7 @@ class BatchingService:
         # this often, so short waits under light load cost nothing.
         self.cancel_check_interval = cancel_check_interval
         self.metrics = metrics or EncoderMetrics()
-        self._batcher = FcfsBatcher(max_batch_tokens, max_batch_sequences)
+        self._batcher = PriorityBatcher(max_batch_tokens, max_batch_sequences, batch_promote_s)
         self._requests: dict[int, _PooledRequest] = {}
         self._ids = itertools.count()
         self._lock = threading.Condition()
@@ -131,10 +132,11 @@ class BatchingService:
 
     def submit(self, input_ids: np.ndarray, seq_lens: Sequence[int], on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None,
-               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None) -> int:
+               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None,
+               priority: str = INTERACTIVE) -> int:
         """Queue one request (already validated, see endpoint.py): flat int64 `input_ids`, its
-        sequences' lengths `seq_lens` (Python ints), optional flat `token_types` (segment ids);
-        raises OverloadError before queuing anything. `on_done(rows, error)` gets the raw rows
+        sequences' lengths `seq_lens` (Python ints), optional flat `token_types` (segment ids),
+        its scheduling class `priority` (interactive or batch); raises OverloadError before queuing anything. `on_done(rows, error)` gets the raw rows
         [len(seq_lens), engine.output_dim] in order.
 
         `is_cancelled` is polled when the request's sequences are about to launch
@@ -153,7 +155,7 @@ class BatchingService:
             rows = np.empty((len(seq_lens), self.output_dim), dtype=np.float32)
             self._requests[key] = _PooledRequest(input_ids, token_types, on_done, rows, len(seq_lens), is_cancelled,
                                                  time.monotonic(), received=received_at or time.perf_counter())
-            self._batcher.add(key, seq_lens)
+            self._batcher.add(key, seq_lens, priority)
             self._lock.notify()
         return key
 
@@ -178,6 +180,11 @@ class BatchingService:
             return {"rose_queue_requests": len(self._requests),
                     "rose_queue_tokens": self._batcher.queued_tokens}
 
+    def class_depth(self) -> dict[str, int]:
+        """Sequences queued (not yet launched) by priority class."""
+        with self._lock:
+            return {p: self._batcher.depth(p) for p in PRIORITIES}
+
     def close(self, timeout: float = 60.0) -> None:
         """Stop accepting work, finish everything queued and in flight."""
         with self._lock:
@@ -197,7 +204,11 @@ class BatchingService:
                     self._lock.wait(0.01 if len(self._batcher) else None)  # held: look again soon
                 if not len(self._batcher):
                     break  # closing and drained
+                promoted = self._batcher.promoted
                 scheduled = self._batcher.next_batch()
+                promoted = self._batcher.promoted - promoted
+            if promoted:
+                self.metrics.count("rose_promoted_sequences_total", promoted)
             self._launch(scheduled, time.perf_counter())
         self._inflight.release()
         self._launched.put(None)
@@ -221,8 +232,10 @@ class BatchingService:
             return
         batch = gather(scheduled, requests)
         launched_at = time.perf_counter()
-        for request in requests:
-            request.picked = request.picked or picked_at
+        for seq, request in zip(scheduled, requests):
+            if not request.picked:  # the request's wait ends when its first sequence is picked
+                request.picked = picked_at
+                self.metrics.observe("rose_wait_seconds", picked_at - request.received, priority=seq.priority)
             request.launched = launched_at
         try:
             lazy = self.engine.step(batch)
@@ -321,8 +334,11 @@ class BatchingService:
             self._deliver(seq, row, ready_at)
 
     def _record(self, scheduled: list[ScheduledSequence], seconds: float) -> None:
-        tokens = sum(s.num_tokens for s in scheduled)
-        self.metrics.observe("rose_step_tokens", tokens)
+        by_class = dict.fromkeys(PRIORITIES, 0)
+        for s in scheduled:
+            by_class[s.priority] += s.num_tokens
+        self.metrics.count_each("rose_priority_tokens_total", "priority", by_class)
+        self.metrics.observe("rose_step_tokens", sum(by_class.values()))
         self.metrics.observe("rose_step_sequences", len(scheduled))
         self.metrics.observe("rose_step_seconds", seconds)
 

@@ -42,4 +42,5 @@ def build_endpoint(config: EncoderConfig, **engine_options) -> Endpoint:
         engine = StepThreads(engine, torch.get_num_threads(), flops_per_token(engine.model), torch.set_num_threads)
     return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
                                   config.max_inflight_batches, config.max_queued_tokens,
-                                  config.max_queued_requests, hold_file=config.test_hold_file))
+                                  config.max_queued_requests, hold_file=config.test_hold_file,
+                                  batch_promote_s=config.batch_promote_ms / 1000))

@@ -4,7 +4,8 @@ A request is flat INPUT_IDS + SEQ_LENS (as the tokenizer models emit them),
 optionally flat TOKEN_TYPE_IDS (segment ids of BERT pairs), and its options
 (RequestOptions for embeddings, RerankOptions for scores). `Endpoint.submit`
 checks them against the engine's limits (InputError names the field), hands
-the flat ids and lengths to the service, and turns the service's raw rows into the
+the flat ids and lengths to the service in the request's priority class (its
+`priority` option, else engine_lib.options.default_priority by its size), and turns the service's raw rows into the
 answer (engine_lib/service/outputs.py: embedding rows or scores).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from engine_lib.errors import InputError
+from engine_lib.options import default_priority
 from engine_lib.service.batching import BatchingService, DoneCallback
 from engine_lib.service.outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
 from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
@@ -108,11 +110,14 @@ class Endpoint:
                     rows, error = None, RuntimeError(f"post-processing the rows failed: {exc!r}")
             on_done(rows, error)  # if this raises, the service answers the request with an error
 
-        return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at)
+        priority = getattr(options, "priority", "") or default_priority(len(lens), input_ids.size)
+        return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at, priority)
 
-    def gauges(self) -> dict[str, float]:
-        """Queue depth, the load-time self-check figure and the batch token budget (for the metrics thread)."""
-        return {**self.service.queue_depth(),
+    def gauges(self) -> dict:
+        """Queue depth (in all and by class), the load-time self-check figure and the batch token budget
+        (for the metrics thread; a labelled series is keyed (name, labels))."""
+        by_class = {("rose_queue_sequences", (("priority", p),)): n for p, n in self.service.class_depth().items()}
+        return {**self.service.queue_depth(), **by_class,
                 "rose_self_check_cosine": getattr(self.service.engine, "self_check_cosine", 1.0),
                 "rose_batch_token_budget": self.service.max_batch_tokens}
 

@@ -11,7 +11,9 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping, Protocol, Union
+
+from engine_lib.options import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +31,19 @@ class MetricSpec:
 TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SEQUENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+WAIT_BUCKETS = SECONDS_BUCKETS + (30.0, 60.0)  # a batch-class request can wait behind a long backfill
 
 SPECS = {spec.name: spec for spec in (
     MetricSpec("rose_queue_requests", "gauge", "Requests accepted by the encoder and not yet answered"),
     MetricSpec("rose_queue_tokens", "gauge", "Tokens queued in the encoder and not yet launched"),
+    MetricSpec("rose_queue_sequences", "gauge", "Sequences queued in the encoder and not yet launched, by priority"),
+    MetricSpec("rose_wait_seconds", "histogram",
+               "Seconds from a request's arrival to its first sequence picked into a batch, by priority",
+               WAIT_BUCKETS),
+    MetricSpec("rose_priority_tokens_total", "counter", "Tokens launched in engine steps, by priority"),
+    MetricSpec("rose_promoted_sequences_total", "counter",
+               "Batch-priority sequences that left ahead of interactive work because the batch class was "
+               "passed over longer than batch_promote_ms"),
     MetricSpec("rose_self_check_cosine", "gauge",
                "Load-time self-check: minimum cosine of the served dtype vs float32 on the built-in probes"),
     MetricSpec("rose_batch_token_budget", "gauge", "Token budget per engine step (max_batch_tokens, or measured)"),
@@ -59,7 +70,13 @@ INITIAL_LABELS = {
     "rose_cancelled_sequences_total": [{}],
     "rose_hop_seconds_total": [{"hop": h} for h in HOPS],
     "rose_step_tokens": [{}], "rose_step_sequences": [{}], "rose_step_seconds": [{}],
+    "rose_wait_seconds": [{"priority": p} for p in PRIORITIES],
+    "rose_priority_tokens_total": [{"priority": p} for p in PRIORITIES],
+    "rose_promoted_sequences_total": [{}],
 }
+
+# A gauge reading: a metric name, or (name, labels) for one labelled series.
+GaugeKey = Union[str, tuple[str, Labels]]
 
 
 class MetricSink(Protocol):
@@ -113,7 +130,7 @@ class EncoderMetrics:
 class MetricsPublisher:
     """Every `interval` s: gauges from `read_gauges()`, then drained counts and observations."""
 
-    def __init__(self, metrics: EncoderMetrics, read_gauges: Callable[[], Mapping[str, float]],
+    def __init__(self, metrics: EncoderMetrics, read_gauges: Callable[[], Mapping[GaugeKey, float]],
                  sink: MetricSink, interval: float = 0.5):
         self._metrics, self._read_gauges, self._sink = metrics, read_gauges, sink
         self._interval = interval
@@ -122,8 +139,9 @@ class MetricsPublisher:
         self._thread.start()
 
     def publish(self) -> None:
-        for name, value in self._read_gauges().items():
-            self._sink.set(name, (), value)
+        for key, value in self._read_gauges().items():
+            name, labels = (key, ()) if isinstance(key, str) else key
+            self._sink.set(name, labels, value)
         counts, observations = self._metrics.drain()
         for (name, labels), amount in counts.items():
             self._sink.increment(name, labels, amount)

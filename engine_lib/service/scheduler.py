@@ -1,16 +1,30 @@
-"""First-come-first-served batching of sequences under a token budget.
+"""Batching of sequences under a token budget, in two priority classes.
 
-Pure Python (no torch): it sees only request keys and sequence lengths (and
-where each sequence starts in its request's flat ids, for the service to gather).
-Invariants: sequences leave in arrival order; a sequence is never split; a
-sequence longer than the budget leaves alone; the head of the queue always
-leaves in the next batch, so nothing starves.
+Pure Python (no torch, no numpy): it sees only request keys, sequence lengths
+(and where each sequence starts in its request's flat ids, for the service to
+gather), each request's class, and the time through an injected `clock`.
+
+Order: interactive sequences first, then batch sequences, first come first
+served within each class; each batch is the longest prefix of that order that
+fits the budget and the sequence cap. Promotion: once batches have been
+formed without any of the queued batch work for longer than `batch_promote_s`
+(interactive work filled them), the head of the batch queue leaves first in the
+next batch, so batch work never starves: at least one of its sequences leaves
+per `batch_promote_s`, and whenever interactive work leaves room, batch work
+fills it (then nothing is promoted, however long batch requests have queued).
+Invariants: a sequence is never split; a sequence longer than the budget leaves
+alone; otherwise a batch never exceeds the budget or the cap; within a class,
+sequences leave in arrival order; the first of the order always leaves in the
+next batch. With one class in the queue this is plain FCFS.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable, Iterable
+from typing import Callable, Hashable, Iterable
+
+from engine_lib.options import BATCH, INTERACTIVE, PRIORITIES  # noqa: F401 (PRIORITIES: re-exported)
 
 
 @dataclass(frozen=True)
@@ -19,52 +33,86 @@ class ScheduledSequence:
     index: int  # position of the sequence inside its request
     num_tokens: int
     start: int  # offset of its first token in the request's flat ids
+    priority: str = INTERACTIVE
 
 
-class FcfsBatcher:
-    def __init__(self, max_batch_tokens: int, max_batch_sequences: int):
+class PriorityBatcher:
+    def __init__(self, max_batch_tokens: int, max_batch_sequences: int, batch_promote_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         if max_batch_tokens < 1 or max_batch_sequences < 1:
             raise ValueError("max_batch_tokens and max_batch_sequences must be >= 1")
+        if not batch_promote_s > 0:
+            raise ValueError(f"batch_promote_s must be > 0, got {batch_promote_s}")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sequences = max_batch_sequences
-        self._queue: deque[ScheduledSequence] = deque()
+        self.batch_promote_s = batch_promote_s
+        self._clock = clock
+        self._queues: dict[str, deque[ScheduledSequence]] = {p: deque() for p in PRIORITIES}
+        self.tokens = dict.fromkeys(PRIORITIES, 0)  # queued tokens by class
         self.queued_tokens = 0
+        self.promoted = 0  # batch sequences that left by promotion, ever (a counter for metrics)
+        self._passed_over_since: float | None = None  # first batch formed without the queued batch work
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queues[INTERACTIVE]) + len(self._queues[BATCH])
 
-    def add(self, request_key: Hashable, seq_lens: Iterable[int]) -> None:
+    def depth(self, priority: str) -> int:
+        """Sequences of class `priority` queued."""
+        return len(self._queues[priority])
+
+    def add(self, request_key: Hashable, seq_lens: Iterable[int], priority: str = INTERACTIVE) -> None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         added, start = [], 0
         for index, num_tokens in enumerate(seq_lens):
             if num_tokens < 1:
                 raise ValueError(f"sequence {index} of {request_key!r} has {num_tokens} tokens")
-            added.append(ScheduledSequence(request_key, index, int(num_tokens), start))
+            added.append(ScheduledSequence(request_key, index, int(num_tokens), start, priority))
             start += int(num_tokens)
-        self._queue.extend(added)
+        self._queues[priority].extend(added)
+        self.tokens[priority] += start
         self.queued_tokens += start
 
     def next_batch(self) -> list[ScheduledSequence]:
-        """Pop the longest FCFS prefix that fits the budget and the sequence cap."""
-        batch: list[ScheduledSequence] = []
-        batch_tokens = 0
-        while self._queue and len(batch) < self.max_batch_sequences:
-            head = self._queue[0]
-            if batch and batch_tokens + head.num_tokens > self.max_batch_tokens:
+        """Pop the longest prefix of the order (promoted batch head, interactive, batch) that fits."""
+        interactive, batch_queue = self._queues[INTERACTIVE], self._queues[BATCH]
+        now = self._clock()
+        promote = (interactive and batch_queue and self._passed_over_since is not None
+                   and now - self._passed_over_since > self.batch_promote_s)
+        batch = [batch_queue.popleft()] if promote else []
+        batch_tokens = batch[0].num_tokens if promote else 0
+        for queue in (interactive, batch_queue):
+            while queue and len(batch) < self.max_batch_sequences:
+                head = queue[0]
+                if batch and batch_tokens + head.num_tokens > self.max_batch_tokens:
+                    break
+                batch.append(queue.popleft())
+                batch_tokens += head.num_tokens
+            if queue:  # the next of the order did not fit: nothing behind it jumps ahead
                 break
-            batch.append(self._queue.popleft())
-            batch_tokens += head.num_tokens
+        took_batch_work = promote or bool(batch) and batch[-1].priority == BATCH
+        for seq in batch:
+            self.tokens[seq.priority] -= seq.num_tokens
         self.queued_tokens -= batch_tokens
+        self.promoted += bool(promote)
+        if took_batch_work or not batch_queue:
+            self._passed_over_since = None
+        elif self._passed_over_since is None:
+            self._passed_over_since = now
         return batch
 
     def queued(self) -> list[ScheduledSequence]:
-        """The queued sequences, in order (a copy)."""
-        return list(self._queue)
+        """The queued sequences, interactive then batch (a copy)."""
+        return [*self._queues[INTERACTIVE], *self._queues[BATCH]]
 
     def drop(self, request_key: Hashable) -> int:
         """Remove a request's queued sequences (cancellation); returns how many."""
-        kept = deque(s for s in self._queue if s.request_key != request_key)
-        dropped = len(self._queue) - len(kept)
-        if dropped:
-            self.queued_tokens = sum(s.num_tokens for s in kept)
-            self._queue = kept
+        dropped = 0
+        for priority, queue in self._queues.items():
+            kept = deque(s for s in queue if s.request_key != request_key)
+            if len(kept) != len(queue):
+                dropped += len(queue) - len(kept)
+                self.tokens[priority] = sum(s.num_tokens for s in kept)
+                self._queues[priority] = kept
+        self.queued_tokens = self.tokens[INTERACTIVE] + self.tokens[BATCH]
         return dropped

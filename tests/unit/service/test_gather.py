@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from engine_lib.service.batching import gather
-from engine_lib.service.scheduler import FcfsBatcher
+from engine_lib.service.scheduler import PriorityBatcher
 
 
 def request(ids, token_types=None):
@@ -16,7 +16,7 @@ def request(ids, token_types=None):
 
 def test_batches_cut_through_requests_and_mix_token_types():
     requests = {"a": request([1, 2, 3, 4, 5]), "b": request([6, 7, 8, 9], [0, 1, 1, 0]), "c": request([10, 11])}
-    batcher = FcfsBatcher(max_batch_tokens=100, max_batch_sequences=3)
+    batcher = PriorityBatcher(max_batch_tokens=100, max_batch_sequences=3)
     for key, lens in (("a", [2, 3]), ("b", [1, 3]), ("c", [2])):
         batcher.add(key, lens)
     first, second = batcher.next_batch(), batcher.next_batch()  # a0 a1 b0 | b1 c0
@@ -30,7 +30,7 @@ def test_batches_cut_through_requests_and_mix_token_types():
 
 def test_one_request_is_taken_without_a_copy():
     r = request([4, 5, 6, 7, 8, 9])
-    batcher = FcfsBatcher(max_batch_tokens=4, max_batch_sequences=8)
+    batcher = PriorityBatcher(max_batch_tokens=4, max_batch_sequences=8)
     batcher.add("r", [1, 2, 3])
     scheduled = batcher.next_batch()  # the first two sequences: 3 tokens, the third would pass the budget
     batch = gather(scheduled, [r] * len(scheduled))

@@ -39,6 +39,16 @@ def test_publish_drains_counts_and_observations_once():
     assert metrics.total("rose_refused_total", reason="queue_tokens") == 2
 
 
+def test_labelled_gauges_are_published_with_their_labels():
+    sink = RecordingSink()
+    series = ("rose_queue_sequences", (("priority", "batch"),))
+    publisher = MetricsPublisher(EncoderMetrics(), lambda: {series: 3, "rose_queue_tokens": 5}, sink, interval=60)
+    publisher.publish()
+    publisher.close()
+    assert ("set", "rose_queue_sequences", (("priority", "batch"),), 3) in sink.calls
+    assert ("set", "rose_queue_tokens", (), 5) in sink.calls
+
+
 def test_unexported_observations_stay_bounded():
     metrics = EncoderMetrics(max_pending_observations=10)
     for i in range(1000):

@@ -1,9 +1,10 @@
-"""FcfsBatcher: FCFS order, budget and cap, long sequences alone, no starvation."""
+"""PriorityBatcher: FCFS order within a class, interactive before batch, promotion of waiting batch work,
+budget and cap, long sequences alone, no starvation (time from a fake clock: no sleeps)."""
 import random
 
 import pytest
 
-from engine_lib.service.scheduler import FcfsBatcher
+from engine_lib.service.scheduler import BATCH, INTERACTIVE, PRIORITIES, PriorityBatcher
 
 
 def drain(batcher):
@@ -14,7 +15,7 @@ def drain(batcher):
 
 
 def test_fcfs_order_across_requests():
-    batcher = FcfsBatcher(max_batch_tokens=10, max_batch_sequences=100)
+    batcher = PriorityBatcher(max_batch_tokens=10, max_batch_sequences=100)
     batcher.add("a", [3, 3])
     batcher.add("b", [2])
     batcher.add("c", [4, 1])
@@ -24,7 +25,7 @@ def test_fcfs_order_across_requests():
 
 def test_budget_and_cap_respected():
     rng = random.Random(0)
-    batcher = FcfsBatcher(max_batch_tokens=64, max_batch_sequences=5)
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=5)
     for r in range(50):
         batcher.add(r, [rng.randint(1, 40) for _ in range(rng.randint(1, 8))])
     for batch in drain(batcher):
@@ -33,7 +34,7 @@ def test_budget_and_cap_respected():
 
 
 def test_batch_is_maximal_fcfs_prefix():
-    batcher = FcfsBatcher(max_batch_tokens=10, max_batch_sequences=100)
+    batcher = PriorityBatcher(max_batch_tokens=10, max_batch_sequences=100)
     batcher.add("a", [4, 4, 4, 1])
     first = batcher.next_batch()
     # The third sequence (4) would exceed 10; the 1 behind it must not jump the queue.
@@ -42,7 +43,7 @@ def test_batch_is_maximal_fcfs_prefix():
 
 
 def test_long_sequence_goes_alone():
-    batcher = FcfsBatcher(max_batch_tokens=16, max_batch_sequences=8)
+    batcher = PriorityBatcher(max_batch_tokens=16, max_batch_sequences=8)
     batcher.add("short", [2])
     batcher.add("long", [100])
     batcher.add("after", [3])
@@ -51,7 +52,7 @@ def test_long_sequence_goes_alone():
 
 
 def test_no_request_starves_under_continuous_arrivals():
-    batcher = FcfsBatcher(max_batch_tokens=32, max_batch_sequences=4)
+    batcher = PriorityBatcher(max_batch_tokens=32, max_batch_sequences=4)
     batcher.add("victim", [30])
     served_at = None
     for step in range(20):
@@ -63,7 +64,7 @@ def test_no_request_starves_under_continuous_arrivals():
 
 
 def test_queued_tokens_and_drop():
-    batcher = FcfsBatcher(max_batch_tokens=100, max_batch_sequences=100)
+    batcher = PriorityBatcher(max_batch_tokens=100, max_batch_sequences=100)
     batcher.add("a", [5, 5])
     batcher.add("b", [7])
     assert batcher.queued_tokens == 17
@@ -75,11 +76,161 @@ def test_queued_tokens_and_drop():
 
 def test_invalid_input_refused():
     with pytest.raises(ValueError):
-        FcfsBatcher(0, 1)
-    batcher = FcfsBatcher(10, 10)
+        PriorityBatcher(0, 1)
+    batcher = PriorityBatcher(10, 10)
     with pytest.raises(ValueError, match="0 tokens"):
         batcher.add("a", [3, 0])
     assert len(batcher) == 0
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def keys(batch):
+    return [(s.request_key, s.index) for s in batch]
+
+
+def test_interactive_leaves_before_earlier_batch_work_fcfs_within_each_class():
+    batcher = PriorityBatcher(max_batch_tokens=100, max_batch_sequences=100, clock=FakeClock())
+    batcher.add("b1", [3, 3], BATCH)
+    batcher.add("i1", [2], INTERACTIVE)
+    batcher.add("b2", [4], BATCH)
+    batcher.add("i2", [1, 1], INTERACTIVE)
+    assert keys(batcher.next_batch()) == [("i1", 0), ("i2", 0), ("i2", 1), ("b1", 0), ("b1", 1), ("b2", 0)]
+
+
+def test_batch_work_waits_behind_interactive_work_that_does_not_fit():
+    batcher = PriorityBatcher(max_batch_tokens=10, max_batch_sequences=100, clock=FakeClock())
+    batcher.add("b", [1], BATCH)
+    batcher.add("i", [6, 6], INTERACTIVE)
+    # The second interactive sequence does not fit: the small batch sequence must not jump ahead of it.
+    assert keys(batcher.next_batch()) == [("i", 0)]
+    assert keys(batcher.next_batch()) == [("i", 1), ("b", 0)]
+
+
+def test_one_class_is_plain_fcfs():
+    """With every request in one class the batches are exactly the longest FCFS prefixes that fit."""
+    rng = random.Random(5)
+    for priority in (INTERACTIVE, BATCH):
+        clock = FakeClock()
+        batcher = PriorityBatcher(max_batch_tokens=48, max_batch_sequences=6, batch_promote_s=0.5, clock=clock)
+        expected_queue = []
+        for r in range(40):
+            lens = [rng.randint(1, 60) for _ in range(rng.randint(1, 5))]
+            batcher.add(r, lens, priority)
+            expected_queue += [(r, i, n) for i, n in enumerate(lens)]
+            if rng.random() < 0.5:
+                clock.now += rng.random()
+                batch = batcher.next_batch()
+                want, tokens = [], 0
+                while expected_queue and len(want) < 6 and (not want or tokens + expected_queue[0][2] <= 48):
+                    tokens += expected_queue[0][2]
+                    want.append(expected_queue.pop(0))
+                assert [(s.request_key, s.index, s.num_tokens) for s in batch] == want
+        assert batcher.promoted == 0
+
+
+def test_random_mix_keeps_budget_cap_class_order_and_token_counts():
+    rng = random.Random(7)
+    clock = FakeClock()
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=5, batch_promote_s=1.0, clock=clock)
+    added = {INTERACTIVE: [], BATCH: []}
+    left = {INTERACTIVE: [], BATCH: []}
+    for r in range(300):
+        priority = rng.choice(PRIORITIES)
+        lens = [rng.randint(1, 80) for _ in range(rng.randint(1, 6))]
+        batcher.add(r, lens, priority)
+        added[priority] += [(r, i) for i in range(len(lens))]
+        if rng.random() < 0.1:
+            dropped = rng.randrange(r + 1)
+            queued = {(s.request_key, s.index) for s in batcher.queued() if s.request_key == dropped}
+            assert batcher.drop(dropped) == len(queued)
+            for p in PRIORITIES:
+                added[p] = [k for k in added[p] if k not in queued]
+        clock.now += rng.random() * 0.7
+        batch = batcher.next_batch() if rng.random() < 0.6 else []
+        assert len(batch) <= 5
+        assert sum(s.num_tokens for s in batch) <= 64 or len(batch) == 1
+        for s in batch:
+            left[s.priority].append((s.request_key, s.index))
+        queued = batcher.queued()
+        for p in PRIORITIES:
+            assert batcher.tokens[p] == sum(s.num_tokens for s in queued if s.priority == p)
+        assert batcher.queued_tokens == sum(s.num_tokens for s in queued)
+    while len(batcher):
+        clock.now += 0.1
+        for s in batcher.next_batch():
+            left[s.priority].append((s.request_key, s.index))
+    for p in PRIORITIES:  # FCFS within each class, nothing lost, nothing twice
+        assert left[p] == added[p]
+    assert batcher.promoted > 0  # the mix did exercise promotion
+
+
+def test_batch_work_is_promoted_when_interactive_work_fills_every_batch():
+    clock = FakeClock()
+    batcher = PriorityBatcher(max_batch_tokens=8, max_batch_sequences=8, batch_promote_s=1.0, clock=clock)
+    batcher.add("bulk", [4, 4, 4], BATCH)
+    served = []
+    for step in range(30):  # a stream of interactive work, one full batch of it per 0.25 s
+        batcher.add(f"q{step}", [8], INTERACTIVE)
+        clock.now += 0.25
+        served += [(step, s.request_key, s.index) for s in batcher.next_batch() if s.request_key == "bulk"]
+    # Passed over from step 0 (t=0.25): promoted in the first batch more than 1 s later (step 5, t=1.5),
+    # alone (4 + 8 > 8); passed over again from step 6 (t=1.75): promoted at step 11, and so on.
+    assert served == [(5, "bulk", 0), (11, "bulk", 1), (17, "bulk", 2)]
+    assert batcher.promoted == 3
+
+
+def test_no_promotion_while_batch_work_fills_the_room_interactive_work_leaves():
+    """The backfill: batch work leaves in every batch, so however long its requests have queued,
+    none is promoted and each interactive request leaves in the very next batch."""
+    clock = FakeClock()
+    batcher = PriorityBatcher(max_batch_tokens=16, max_batch_sequences=64, batch_promote_s=1.0, clock=clock)
+    for r in range(4):
+        batcher.add(f"bulk{r}", [4] * 64, BATCH)  # 64 batches of work queued
+    for step in range(40):
+        batcher.add(f"q{step}", [2], INTERACTIVE)
+        clock.now += 2.0  # each batch takes longer than the promotion bound
+        batch = batcher.next_batch()
+        assert keys(batch)[0] == (f"q{step}", 0)
+        assert sum(s.num_tokens for s in batch) == 14 and batch[-1].priority == BATCH
+    assert batcher.promoted == 0
+
+
+def test_a_promoted_sequence_longer_than_the_budget_leaves_alone():
+    clock = FakeClock()
+    batcher = PriorityBatcher(max_batch_tokens=8, max_batch_sequences=8, batch_promote_s=1.0, clock=clock)
+    batcher.add("long", [20], BATCH)
+    batcher.add("q", [2], INTERACTIVE)
+    assert keys(batcher.next_batch()) == [("q", 0)]  # passes "long" over at t=0
+    batcher.add("q2", [2], INTERACTIVE)
+    clock.now = 1.5
+    assert keys(batcher.next_batch()) == [("long", 0)]
+    assert keys(batcher.next_batch()) == [("q2", 0)]
+
+
+def test_drop_removes_a_request_from_its_class():
+    batcher = PriorityBatcher(max_batch_tokens=100, max_batch_sequences=100, clock=FakeClock())
+    batcher.add("b", [5, 5], BATCH)
+    batcher.add("i", [3], INTERACTIVE)
+    assert batcher.depth(BATCH) == 2 and batcher.depth(INTERACTIVE) == 1
+    assert batcher.drop("b") == 2 and batcher.drop("missing") == 0
+    assert batcher.tokens == {INTERACTIVE: 3, BATCH: 0} and batcher.queued_tokens == 3
+    assert keys(batcher.next_batch()) == [("i", 0)]
+
+
+def test_unknown_priority_and_bad_bound_refused():
+    batcher = PriorityBatcher(10, 10)
+    with pytest.raises(ValueError, match="priority"):
+        batcher.add("a", [1], "urgent")
+    assert len(batcher) == 0
+    with pytest.raises(ValueError, match="batch_promote_s"):
+        PriorityBatcher(10, 10, batch_promote_s=0)
 
 
 def test_scheduler_imports_neither_torch_nor_triton():
