@@ -121,7 +121,7 @@ class Gateway:
         self.require_ready()
         encoded = await self._encode(req)
         num_tokens = int(encoded.seq_lens.sum())
-        rows = await self._dispatch(request, self.backend.embed(encoded, req.parameters()), num_tokens)
+        rows = await self._dispatch(request, self.backend.embed(encoded, req.parameters(num_tokens)), num_tokens)
         self.metrics.tokens.inc(num_tokens)
         self.metrics.inputs.labels("embeddings").inc(req.num_inputs)
         return json_response(embeddings.render_response(rows, self.model_name, req.encoding_format, num_tokens))

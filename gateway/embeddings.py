@@ -1,6 +1,6 @@
-"""POST /v1/embeddings: OpenAI's request fields (plus input_type and truncate)
+"""POST /v1/embeddings: OpenAI's request fields (plus input_type, truncate and priority)
 checked one by one, and the response in float or base64. The options
-(dimensions, input_type, truncate) follow the models' own rules (engine_lib/options.py)."""
+(dimensions, input_type, truncate, priority) follow the models' own rules (engine_lib/options.py)."""
 from __future__ import annotations
 
 import base64
@@ -10,11 +10,11 @@ import numpy as np
 import orjson
 
 from engine_lib.errors import InputError
-from engine_lib.options import RequestOptions
+from engine_lib.options import RequestOptions, default_priority
 
 from .errors import bad_request, from_input_error
 
-OPTIONS = ("dimensions", "input_type", "truncate")  # RequestOptions fields a client may set here
+OPTIONS = ("dimensions", "input_type", "truncate", "priority")  # RequestOptions fields a client may set here
 FIELDS = {"input", "model", "encoding_format", "user", *OPTIONS}
 
 
@@ -30,9 +30,11 @@ class EmbeddingRequest:
     def num_inputs(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids)
 
-    def parameters(self) -> dict:
-        """What the encoder needs (input_type and truncate are applied by the gateway's tokenizer)."""
-        return {"dimensions": self.options.dimensions} if self.options.dimensions else {}
+    def parameters(self, num_tokens: int) -> dict:
+        """What the encoder needs (input_type and truncate are applied by the gateway's tokenizer). The
+        class is decided here, on the whole request of `num_tokens`: the encoder sees only chunks of it."""
+        priority = self.options.priority or default_priority(self.num_inputs, num_tokens)
+        return {"priority": priority, **({"dimensions": self.options.dimensions} if self.options.dimensions else {})}
 
 
 def _is_token_id(value) -> bool:

@@ -1,6 +1,6 @@
 """POST /v1/rerank in the Cohere/Jina shape: query, documents, top_n,
 return_documents; results sorted by relevance_score with their index. The
-options (raw_scores, truncate, instruction) and the text limits are the
+options (raw_scores, truncate, instruction, priority) and the text limits are the
 reranker models' own (engine_lib/options.py, engine_lib/tokenization/text_input.py)."""
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import numpy as np
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
-from engine_lib.options import RerankOptions, check_integer
+from engine_lib.options import BATCH, INTERACTIVE_MAX_TEXTS, RerankOptions, check_integer
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
 from .errors import bad_request, from_input_error
 
-OPTIONS = ("raw_scores", "truncate", "instruction")  # RerankOptions fields, passed on to the reranker
+OPTIONS = ("raw_scores", "truncate", "instruction", "priority")  # RerankOptions fields, passed on to the reranker
 FIELDS = {"model", "query", "documents", "top_n", "return_documents", *OPTIONS}
 PAIR_TEMPLATE_TOKENS = 256  # a pair template's own tokens at most (Qwen3's judge prompt and task: ~100)
 LONGEST_PAIR = 8192  # tokens per pair of the longest-reading family served (Qwen3 judges, XLM-RoBERTa-large)
@@ -93,6 +93,9 @@ def parse_request(body: dict, limits: TextLimits) -> RerankRequest:
     if not isinstance(return_documents, bool):
         raise bad_request(f"'return_documents' must be true or false, got {return_documents!r}", "return_documents")
     parameters = {name: getattr(options, name) for name in OPTIONS if body.get(name) is not None}
+    if len(texts) > INTERACTIVE_MAX_TEXTS and "priority" not in parameters:
+        # The class of the whole request (the reranker sees chunks); a smaller one is left to the reranker's rule.
+        parameters["priority"] = BATCH
     return RerankRequest(model, query, texts, top_n, return_documents, parameters)
 
 

@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dimensions", type=int, default=0, help="keep the first N dimensions (0 = all)")
     p.add_argument("--no-normalize", action="store_true")
     p.add_argument("--no-truncate", action="store_true", help="fail on texts longer than the model's maximum")
+    p.add_argument("--priority", choices=("batch", "interactive"), default="batch",
+                   help="the encoders' scheduling class: batch (default) fills what interactive requests leave")
     p.add_argument("--tokenizer", help="tokenizer.json (or model folder) to size chunks exactly; default: byte estimate")
     p.add_argument("--max-chunk-tokens", type=int, default=4096)
     p.add_argument("--max-chunk-texts", type=int, default=256)
@@ -93,7 +95,8 @@ def _run_locked(args: argparse.Namespace) -> int:
         if done:
             print(f"resuming: {len(done)} of {len(chunks)} chunks already done", file=sys.stderr)
         with _progress_bar(len(job_input.texts), texts_done, args.no_progress) as bar:
-            client.run(job_input.texts, todo, output.write, parameters,
+            # The class is not part of the resume manifest: it changes no row.
+            client.run(job_input.texts, todo, output.write, {**parameters, "priority": args.priority},
                        on_progress=lambda n, total: bar.update(n - bar.n), texts_done=texts_done)
         output.finish(job_input.ids)
     except JobFailed as exc:

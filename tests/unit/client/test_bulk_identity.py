@@ -20,6 +20,7 @@ from testing import REPO
 
 DIM = 48
 MODELS = {}  # url -> the model its fake replica plays ("A", "B", ...; "dead": refuses connections)
+SENT = []  # (texts, request parameters) of every request the fake replicas answered
 
 
 def vector(model, text, dim=DIM):
@@ -41,7 +42,9 @@ class FakeChannel:
                 if model == "dead":
                     raise InferenceServerException("failed to connect to all addresses")
                 (text,) = request["inputs"]
-                rows = np.stack([vector(model, t) for t in deserialize_bytes_tensor(text._get_content())])
+                texts = list(deserialize_bytes_tensor(text._get_content()))
+                SENT.append((texts, request["parameters"] or {}))
+                rows = np.stack([vector(model, t) for t in texts])
 
                 class Result:
                     def as_numpy(self, name):
@@ -64,6 +67,7 @@ class FakeChannel:
 @pytest.fixture
 def replicas(monkeypatch):
     MODELS.clear()
+    SENT.clear()
     monkeypatch.setattr(rose_client.client, "ReplicaChannel", FakeChannel)
     return MODELS
 
@@ -176,6 +180,15 @@ def test_bulk_refuses_to_resume_against_another_model(replicas, tmp_path, monkey
     expected = np.stack([vector("A", f"text {i}".encode()) for i in range(8)])
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.npy"]
+
+
+@pytest.mark.parametrize("flag, sent", [([], "batch"), (["--priority", "interactive"], "interactive")])
+def test_bulk_sends_its_chunks_as_batch_work_by_default(replicas, tmp_path, flag, sent):
+    (tmp_path / "in.txt").write_text("".join(f"text {i}\n" for i in range(6)))
+    replicas.update({"a:1": "A"})
+    assert bulk.main(bulk_args(tmp_path, "a:1") + flag) == 0
+    jobs = [parameters for texts, parameters in SENT if texts != [PROBE_TEXT.encode()]]
+    assert len(jobs) == 3 and all(p["priority"] == sent for p in jobs)
 
 
 def test_bulk_fails_at_once_on_a_locked_output(tmp_path, capsys):

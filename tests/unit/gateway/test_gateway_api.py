@@ -10,7 +10,7 @@ import pytest
 
 from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
-from engine_lib.options import RequestOptions, RerankOptions
+from engine_lib.options import INTERACTIVE_MAX_TEXTS, RequestOptions, RerankOptions
 from engine_lib.tokenization.text import TextTokenizer
 from gateway.app import create_app
 from gateway.config import GatewayConfig
@@ -176,6 +176,7 @@ def _refused(options_type, parameters, **kwargs) -> bool:
     ("truncate", True), ("truncate", "off"), ("truncate", 1), ("truncate", "maybe"), ("truncate", None),
     ("input_type", "query"), ("input_type", "document"), ("input_type", "passage"), ("input_type", ""),
     ("input_type", None),
+    ("priority", "batch"), ("priority", "interactive"), ("priority", "urgent"), ("priority", 1), ("priority", None),
 ])
 def test_embedding_options_follow_the_models_rules(name, value):
     """The gateway accepts exactly the option values the models accept (engine_lib.options; an
@@ -187,13 +188,15 @@ def test_embedding_options_follow_the_models_rules(name, value):
         assert response.json()["error"]["param"] == name and not replica.calls
     else:
         (call,) = replica.calls
-        dimensions = RequestOptions.from_parameters({name: value}).dimensions
-        assert call.parameters == ({"dimensions": dimensions} if dimensions else {})  # 0 = all: nothing to send
+        options = RequestOptions.from_parameters({name: value})
+        dimensions = {"dimensions": options.dimensions} if options.dimensions else {}  # 0 = all: nothing to send
+        assert call.parameters == {"priority": options.priority or "interactive", **dimensions}
 
 
 @pytest.mark.parametrize("name, value", [
     ("raw_scores", True), ("raw_scores", "yes"), ("raw_scores", 2), ("truncate", "false"), ("truncate", []),
     ("instruction", "Judge"), ("instruction", 3), ("instruction", "x" * 5000), ("raw_scores", None),
+    ("priority", "batch"), ("priority", "low"), ("priority", None),
 ])
 def test_rerank_options_follow_the_models_rules(name, value):
     response, replica = post("/v1/rerank", {"query": "q", "documents": ["a"], name: value}, reranker=True)
@@ -204,6 +207,29 @@ def test_rerank_options_follow_the_models_rules(name, value):
     else:
         expected = RerankOptions.from_parameters({name: value})
         assert replica.calls[0].parameters == ({name: getattr(expected, name)} if value is not None else {})
+
+
+@pytest.mark.parametrize("num_inputs, sent", [(INTERACTIVE_MAX_TEXTS, "interactive"),
+                                               (INTERACTIVE_MAX_TEXTS + 1, "batch")])
+def test_the_class_of_an_embedding_request_is_decided_on_the_whole_request(num_inputs, sent):
+    """Every chunk carries the class of the request it belongs to (the encoder sees only chunks)."""
+    texts = [f"text {i}" for i in range(num_inputs)]
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": texts}, max_chunk_texts=4)
+    assert response.status_code == 200, response.text
+    assert len(replica.calls) > 1 and all(c.parameters == {"priority": sent} for c in replica.calls)
+    response, replica = post("/v1/embeddings", {"model": MODEL, "input": texts, "priority": "interactive"})
+    assert all(c.parameters == {"priority": "interactive"} for c in replica.calls)
+
+
+def test_a_rerank_of_many_documents_is_batch_unless_it_says_otherwise():
+    documents = [f"doc {i}" for i in range(INTERACTIVE_MAX_TEXTS + 1)]
+    _, replica = post("/v1/rerank", {"query": "q", "documents": documents}, reranker=True, max_rerank_chunk_documents=8)
+    assert len(replica.calls) > 1 and all(c.parameters == {"priority": "batch"} for c in replica.calls)
+    body = {"query": "q", "documents": documents, "priority": "interactive"}
+    _, replica = post("/v1/rerank", body, reranker=True)
+    assert all(c.parameters == {"priority": "interactive"} for c in replica.calls)
+    _, replica = post("/v1/rerank", {"query": "q", "documents": documents[:2]}, reranker=True)
+    assert replica.calls[0].parameters == {}  # one chunk: the reranker's own rule (texts and tokens) decides
 
 
 def test_rerank_limits_are_the_rerank_tokenizers(monkeypatch):
