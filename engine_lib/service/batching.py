@@ -59,6 +59,7 @@ class _PooledRequest:
     rows: np.ndarray
     remaining: int
     is_cancelled: Optional[Callable[[], bool]] = None
+    priority: str = INTERACTIVE
     checked_at: float = 0.0  # last cancellation check (or arrival), time.monotonic()
     finished: bool = False
     # Hop timestamps (time.perf_counter): received by the adapter, first sequence
@@ -154,7 +155,7 @@ class BatchingService:
             key = next(self._ids)
             rows = np.empty((len(seq_lens), self.output_dim), dtype=np.float32)
             self._requests[key] = _PooledRequest(input_ids, token_types, on_done, rows, len(seq_lens), is_cancelled,
-                                                 time.monotonic(), received=received_at or time.perf_counter())
+                                                 priority, time.monotonic(), received=received_at or time.perf_counter())
             self._batcher.add(key, seq_lens, priority)
             self._lock.notify()
         return key
@@ -232,10 +233,8 @@ class BatchingService:
             return
         batch = gather(scheduled, requests)
         launched_at = time.perf_counter()
-        for seq, request in zip(scheduled, requests):
-            if not request.picked:  # the request's wait ends when its first sequence is picked
-                request.picked = picked_at
-                self.metrics.observe("rose_wait_seconds", picked_at - request.received, priority=seq.priority)
+        for request in requests:
+            request.picked = request.picked or picked_at
             request.launched = launched_at
         try:
             lazy = self.engine.step(batch)
@@ -389,4 +388,5 @@ class BatchingService:
         self.metrics.count_each("rose_hop_seconds_total", "hop", {
             "wait": r.picked - r.received, "form": r.launched - r.picked,
             "compute": r.ready - r.launched, "respond": sent_at - r.ready})
+        self.metrics.observe("rose_wait_seconds", r.picked - r.received, priority=r.priority)
 

@@ -38,7 +38,7 @@ SPECS = {spec.name: spec for spec in (
     MetricSpec("rose_queue_tokens", "gauge", "Tokens queued in the encoder and not yet launched"),
     MetricSpec("rose_queue_sequences", "gauge", "Sequences queued in the encoder and not yet launched, by priority"),
     MetricSpec("rose_wait_seconds", "histogram",
-               "Seconds from a request's arrival to its first sequence picked into a batch, by priority",
+               "Answered requests: seconds from arrival to the first sequence picked into a batch, by priority",
                WAIT_BUCKETS),
     MetricSpec("rose_priority_tokens_total", "counter", "Tokens launched in engine steps, by priority"),
     MetricSpec("rose_promoted_sequences_total", "counter",

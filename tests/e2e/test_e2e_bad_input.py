@@ -33,10 +33,11 @@ BAD_CASES = {
     "wrong shape": (np.array([[b"a", b"b"]], dtype=object), "BYTES", None, "TEXT"),
     "unknown option": (np.array([b"x"], dtype=object), "BYTES", {"normalise": True}, "unknown request parameter"),
     "too many dimensions": (np.array([b"x"], dtype=object), "BYTES", {"dimensions": 4096}, "dimensions"),
+    "unknown priority": (np.array([b"x"], dtype=object), "BYTES", {"priority": "urgent"}, "'priority' must be one of"),
 }
 # The field each refusal names on the wire (rose_wire), where a tensor or parameter is at fault.
 FIELDS = {"empty list": "TEXT", "empty string": "TEXT", "not utf-8": "TEXT", "too long, truncate=false": "TEXT",
-          "unknown option": "normalise", "too many dimensions": "dimensions"}
+          "unknown option": "normalise", "too many dimensions": "dimensions", "unknown priority": "priority"}
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -97,7 +98,7 @@ def grpc_infer_raw(server, array, params=None, model="embed"):
         client.close()
 
 
-@pytest.mark.parametrize("case", ["empty string", "not utf-8", "unknown option"])
+@pytest.mark.parametrize("case", ["empty string", "not utf-8", "unknown option", "unknown priority"])
 def test_bad_input_status_code_survives_every_path(server, case):
     """The code, not only the message: HTTP 400 and gRPC INVALID_ARGUMENT through the unary
     front (BLS would hand it over as INTERNAL), the encoded code on the gRPC stream (stream

@@ -16,7 +16,9 @@ from testing.texts import MEDIUM_TEXTS
 FAMILIES = {"rose_queue_requests": "gauge", "rose_queue_tokens": "gauge", "rose_step_tokens": "histogram",
             "rose_step_sequences": "histogram", "rose_step_seconds": "histogram",
             "rose_requests_total": "counter", "rose_refused_total": "counter",
-            "rose_cancelled_sequences_total": "counter", "rose_hop_seconds_total": "counter"}
+            "rose_cancelled_sequences_total": "counter", "rose_hop_seconds_total": "counter",
+            "rose_queue_sequences": "gauge", "rose_wait_seconds": "histogram", "rose_priority_tokens_total": "counter",
+            "rose_promoted_sequences_total": "counter"}
 
 
 def wait_for(server, predicate, timeout=10):
@@ -31,6 +33,7 @@ def test_every_encoder_metric_family_is_published(server):
     for name, kind in FAMILIES.items():
         assert f"# TYPE {name} {kind}" in body, name
     assert 'rose_refused_total{model="rose_encoder",reason="queue_tokens",version="1"}' in body
+    assert 'rose_priority_tokens_total{model="rose_encoder",priority="batch",version="1"}' in body
 
 
 def test_metrics_follow_traffic(server, model_dir):
@@ -38,6 +41,7 @@ def test_metrics_follow_traffic(server, model_dir):
     texts = MEDIUM_TEXTS
     _, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
     embed_stream(server.grpc_url, texts)
+    embed_stream(server.grpc_url, texts, {"priority": "batch"})
     with pytest.raises(InferenceServerException, match="invalid input"):
         embed_stream(server.grpc_url, ["x"], {"dimensions": 100_000})
 
@@ -47,10 +51,14 @@ def test_metrics_follow_traffic(server, model_dir):
                 and delta("rose_requests_total", outcome="invalid") >= 1
                 and delta("rose_step_sequences_sum") >= len(texts)
                 and delta("rose_step_tokens_sum") >= int(seq_lens.sum())
-                and delta("rose_step_seconds_count") >= 1)
+                and delta("rose_step_seconds_count") >= 1
+                and delta("rose_priority_tokens_total", priority="batch") >= int(seq_lens.sum())
+                and delta("rose_priority_tokens_total", priority="interactive") >= int(seq_lens.sum())
+                and delta("rose_wait_seconds_count", priority="batch") >= 1)
 
     wait_for(server, moved)
     _, now = scrape(server)
     assert sample(now, "rose_step_seconds_sum") > sample(before, "rose_step_seconds_sum")
     # Everything answered: the queue gauges come back to zero at the next publish.
-    wait_for(server, lambda now: sample(now, "rose_queue_requests") == 0 and sample(now, "rose_queue_tokens") == 0)
+    wait_for(server, lambda now: sample(now, "rose_queue_requests") == 0 and sample(now, "rose_queue_tokens") == 0
+             and sample(now, "rose_queue_sequences", priority="batch") == 0)
