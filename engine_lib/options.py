@@ -13,6 +13,9 @@ INPUT_TYPES = ("document", "query")
 # Scheduling classes (engine_lib/service/scheduler.py): interactive work fills each batch first.
 INTERACTIVE, BATCH = "interactive", "batch"
 PRIORITIES = (INTERACTIVE, BATCH)
+# The class's request parameter on the Triton models: Triton reserves `priority` itself (its own integer
+# request priority, which ensembles do not pass on); the gateway's JSON field is `priority`.
+PRIORITY_PARAMETER = "priority_class"
 # The default class: a request of at most this many texts and tokens is interactive, a larger one batch.
 INTERACTIVE_MAX_TEXTS = 32
 INTERACTIVE_MAX_TOKENS = 8192
@@ -38,15 +41,15 @@ def _as_bool(name: str, value) -> bool:
         raise InputError(f"parameter {name!r} must be a boolean, got {value!r}", name) from None
 
 
-def check_priority(value) -> str:
-    """`priority` as a client sends it: interactive or batch (left out: `default_priority` decides)."""
+def check_priority(value, name: str = PRIORITY_PARAMETER) -> str:
+    """The class as a client sends it (under `name`): interactive or batch (left out: `default_priority`)."""
     if not isinstance(value, str) or value not in PRIORITIES:
-        raise InputError(f"parameter 'priority' must be one of {PRIORITIES}, got {value!r}", "priority")
+        raise InputError(f"{name!r} must be one of {PRIORITIES}, got {value!r}", name)
     return value
 
 
 def _priority(params: dict) -> str:
-    return check_priority(params["priority"]) if "priority" in params else ""
+    return check_priority(params[PRIORITY_PARAMETER]) if PRIORITY_PARAMETER in params else ""
 
 
 def default_priority(num_texts: int, num_tokens: int) -> str:
@@ -82,12 +85,12 @@ class RequestOptions:
     # Matryoshka: keep the first N dimensions. An integer in [0, 2**63) (or its ASCII digits); 0 = all.
     # At most the model's output width (`check_width`: the encoder, and the gateway when it knows the width).
     dimensions: int = 0
-    priority: str = ""             # interactive | batch; "" = by size (default_priority)
+    priority: str = ""             # parameter priority_class: interactive | batch; "" = by size (default_priority)
 
     @classmethod
     def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
         """`json_body`: the gateway's JSON body, where an integer is a JSON number, never a string."""
-        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions", "priority"})
+        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions", PRIORITY_PARAMETER})
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
@@ -115,11 +118,11 @@ class RerankOptions:
     truncate: bool = True     # cut the document side of an over-long pair (the query is kept); False refuses it
     raw_scores: bool = False  # True: the logit; False: the model's activation (sigmoid -> 0..1)
     instruction: str = ""     # task instruction for models that take one ("" = the model's default)
-    priority: str = ""        # interactive | batch; "" = by size (default_priority)
+    priority: str = ""        # parameter priority_class: interactive | batch; "" = by size (default_priority)
 
     @classmethod
     def from_parameters(cls, params: dict | str | None) -> "RerankOptions":
-        params = parse_parameters(params, {"truncate", "raw_scores", "instruction", "priority"})
+        params = parse_parameters(params, {"truncate", "raw_scores", "instruction", PRIORITY_PARAMETER})
         instruction = params.get("instruction", "")
         if not isinstance(instruction, str):
             raise InputError(f"parameter 'instruction' must be a string, got {instruction!r}", "instruction")

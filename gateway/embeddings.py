@@ -4,18 +4,19 @@ checked one by one, and the response in float or base64. The options
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
 
 from engine_lib.errors import InputError
-from engine_lib.options import RequestOptions, default_priority
+from engine_lib.options import PRIORITY_PARAMETER, RequestOptions, check_priority, default_priority
 
 from .errors import bad_request, from_input_error
 
-OPTIONS = ("dimensions", "input_type", "truncate", "priority")  # RequestOptions fields a client may set here
-FIELDS = {"input", "model", "encoding_format", "user", *OPTIONS}
+OPTIONS = ("dimensions", "input_type", "truncate")  # RequestOptions fields a client may set here
+FIELDS = {"input", "model", "encoding_format", "user", "priority", *OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class EmbeddingRequest:
         """What the encoder needs (input_type and truncate are applied by the gateway's tokenizer). The
         class is decided here, on the whole request of `num_tokens`: the encoder sees only chunks of it."""
         priority = self.options.priority or default_priority(self.num_inputs, num_tokens)
-        return {"priority": priority, **({"dimensions": self.options.dimensions} if self.options.dimensions else {})}
+        return {PRIORITY_PARAMETER: priority, **({"dimensions": self.options.dimensions} if self.options.dimensions else {})}
 
 
 def _is_token_id(value) -> bool:
@@ -81,6 +82,8 @@ def parse_request(body: dict, width: int | None = None) -> EmbeddingRequest:
     try:
         options = RequestOptions.from_parameters({name: body[name] for name in OPTIONS if name in body},
                                                  json_body=True)
+        if body.get("priority") is not None:  # the models' parameter priority_class (Triton reserves priority)
+            options = dataclasses.replace(options, priority=check_priority(body["priority"], "priority"))
         if width is not None:
             options.check_width(width)
     except InputError as exc:

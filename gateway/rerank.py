@@ -11,14 +11,21 @@ import numpy as np
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
-from engine_lib.options import BATCH, INTERACTIVE_MAX_TEXTS, RerankOptions, check_integer
+from engine_lib.options import (
+    BATCH,
+    INTERACTIVE_MAX_TEXTS,
+    PRIORITY_PARAMETER,
+    RerankOptions,
+    check_integer,
+    check_priority,
+)
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
 from .errors import bad_request, from_input_error
 
-OPTIONS = ("raw_scores", "truncate", "instruction", "priority")  # RerankOptions fields, passed on to the reranker
-FIELDS = {"model", "query", "documents", "top_n", "return_documents", *OPTIONS}
+OPTIONS = ("raw_scores", "truncate", "instruction")  # RerankOptions fields, passed on to the reranker
+FIELDS = {"model", "query", "documents", "top_n", "return_documents", "priority", *OPTIONS}
 PAIR_TEMPLATE_TOKENS = 256  # a pair template's own tokens at most (Qwen3's judge prompt and task: ~100)
 LONGEST_PAIR = 8192  # tokens per pair of the longest-reading family served (Qwen3 judges, XLM-RoBERTa-large)
 
@@ -84,6 +91,7 @@ def parse_request(body: dict, limits: TextLimits) -> RerankRequest:
         check_texts([query], limits, "query")
         texts = check_texts([_document_text(i, d) for i, d in enumerate(documents)], limits, "documents")
         options = RerankOptions.from_parameters({name: body[name] for name in OPTIONS if name in body})
+        priority = "" if body.get("priority") is None else check_priority(body["priority"], "priority")
         top_n = body.get("top_n")
         if top_n is not None:  # above the number of documents: all of them
             top_n = check_integer("top_n", top_n, minimum=1, digits=False)
@@ -93,9 +101,9 @@ def parse_request(body: dict, limits: TextLimits) -> RerankRequest:
     if not isinstance(return_documents, bool):
         raise bad_request(f"'return_documents' must be true or false, got {return_documents!r}", "return_documents")
     parameters = {name: getattr(options, name) for name in OPTIONS if body.get(name) is not None}
-    if len(texts) > INTERACTIVE_MAX_TEXTS and "priority" not in parameters:
+    if priority or len(texts) > INTERACTIVE_MAX_TEXTS:
         # The class of the whole request (the reranker sees chunks); a smaller one is left to the reranker's rule.
-        parameters["priority"] = BATCH
+        parameters[PRIORITY_PARAMETER] = priority or BATCH
     return RerankRequest(model, query, texts, top_n, return_documents, parameters)
 
 

@@ -96,7 +96,7 @@ def _run_locked(args: argparse.Namespace) -> int:
             print(f"resuming: {len(done)} of {len(chunks)} chunks already done", file=sys.stderr)
         with _progress_bar(len(job_input.texts), texts_done, args.no_progress) as bar:
             # The class is not part of the resume manifest: it changes no row.
-            client.run(job_input.texts, todo, output.write, {**parameters, "priority": args.priority},
+            client.run(job_input.texts, todo, output.write, {**parameters, "priority_class": args.priority},
                        on_progress=lambda n, total: bar.update(n - bar.n), texts_done=texts_done)
         output.finish(job_input.ids)
     except JobFailed as exc:

@@ -33,11 +33,12 @@ BAD_CASES = {
     "wrong shape": (np.array([[b"a", b"b"]], dtype=object), "BYTES", None, "TEXT"),
     "unknown option": (np.array([b"x"], dtype=object), "BYTES", {"normalise": True}, "unknown request parameter"),
     "too many dimensions": (np.array([b"x"], dtype=object), "BYTES", {"dimensions": 4096}, "dimensions"),
-    "unknown priority": (np.array([b"x"], dtype=object), "BYTES", {"priority": "urgent"}, "'priority' must be one of"),
+    "unknown priority": (np.array([b"x"], dtype=object), "BYTES", {"priority_class": "urgent"},
+                         "'priority_class' must be one of"),
 }
 # The field each refusal names on the wire (rose_wire), where a tensor or parameter is at fault.
 FIELDS = {"empty list": "TEXT", "empty string": "TEXT", "not utf-8": "TEXT", "too long, truncate=false": "TEXT",
-          "unknown option": "normalise", "too many dimensions": "dimensions", "unknown priority": "priority"}
+          "unknown option": "normalise", "too many dimensions": "dimensions", "unknown priority": "priority_class"}
 
 
 @pytest.mark.parametrize("case", BAD_CASES)

@@ -96,7 +96,7 @@ def test_sixteen_concurrent_clients_nothing_lost_or_crossed(server, reference):
 
 @pytest.mark.parametrize("params", [{"input_type": "query", "dimensions": 96, "normalize": False},
                                     {"input_type": "document", "truncate": True, "normalize": False},
-                                    {"priority": "batch", "normalize": False}])
+                                    {"priority_class": "batch", "normalize": False}])
 def test_unary_front_equals_the_ensemble_stream_with_options(server, params):
     """The unary front tokenizes in its own process and calls the encoder itself: the same
     numbers as the ensemble (tokenizer model -> encoder) for the same options."""

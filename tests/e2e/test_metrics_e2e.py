@@ -41,7 +41,7 @@ def test_metrics_follow_traffic(server, model_dir):
     texts = MEDIUM_TEXTS
     _, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
     embed_stream(server.grpc_url, texts)
-    embed_stream(server.grpc_url, texts, {"priority": "batch"})
+    embed_stream(server.grpc_url, texts, {"priority_class": "batch"})
     with pytest.raises(InferenceServerException, match="invalid input"):
         embed_stream(server.grpc_url, ["x"], {"dimensions": 100_000})
 

@@ -188,7 +188,7 @@ def test_bulk_sends_its_chunks_as_batch_work_by_default(replicas, tmp_path, flag
     replicas.update({"a:1": "A"})
     assert bulk.main(bulk_args(tmp_path, "a:1") + flag) == 0
     jobs = [parameters for texts, parameters in SENT if texts != [PROBE_TEXT.encode()]]
-    assert len(jobs) == 3 and all(p["priority"] == sent for p in jobs)
+    assert len(jobs) == 3 and all(p["priority_class"] == sent for p in jobs)
 
 
 def test_bulk_fails_at_once_on_a_locked_output(tmp_path, capsys):

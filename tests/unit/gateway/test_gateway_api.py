@@ -176,7 +176,6 @@ def _refused(options_type, parameters, **kwargs) -> bool:
     ("truncate", True), ("truncate", "off"), ("truncate", 1), ("truncate", "maybe"), ("truncate", None),
     ("input_type", "query"), ("input_type", "document"), ("input_type", "passage"), ("input_type", ""),
     ("input_type", None),
-    ("priority", "batch"), ("priority", "interactive"), ("priority", "urgent"), ("priority", 1), ("priority", None),
 ])
 def test_embedding_options_follow_the_models_rules(name, value):
     """The gateway accepts exactly the option values the models accept (engine_lib.options; an
@@ -190,13 +189,12 @@ def test_embedding_options_follow_the_models_rules(name, value):
         (call,) = replica.calls
         options = RequestOptions.from_parameters({name: value})
         dimensions = {"dimensions": options.dimensions} if options.dimensions else {}  # 0 = all: nothing to send
-        assert call.parameters == {"priority": options.priority or "interactive", **dimensions}
+        assert call.parameters == {"priority_class": "interactive", **dimensions}
 
 
 @pytest.mark.parametrize("name, value", [
     ("raw_scores", True), ("raw_scores", "yes"), ("raw_scores", 2), ("truncate", "false"), ("truncate", []),
     ("instruction", "Judge"), ("instruction", 3), ("instruction", "x" * 5000), ("raw_scores", None),
-    ("priority", "batch"), ("priority", "low"), ("priority", None),
 ])
 def test_rerank_options_follow_the_models_rules(name, value):
     response, replica = post("/v1/rerank", {"query": "q", "documents": ["a"], name: value}, reranker=True)
@@ -216,18 +214,33 @@ def test_the_class_of_an_embedding_request_is_decided_on_the_whole_request(num_i
     texts = [f"text {i}" for i in range(num_inputs)]
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": texts}, max_chunk_texts=4)
     assert response.status_code == 200, response.text
-    assert len(replica.calls) > 1 and all(c.parameters == {"priority": sent} for c in replica.calls)
+    assert len(replica.calls) > 1 and all(c.parameters == {"priority_class": sent} for c in replica.calls)
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": texts, "priority": "interactive"})
-    assert all(c.parameters == {"priority": "interactive"} for c in replica.calls)
+    assert all(c.parameters == {"priority_class": "interactive"} for c in replica.calls)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/embeddings", {"model": MODEL, "input": "x"}),
+                                        ("/v1/rerank", {"query": "q", "documents": ["a"]})])
+@pytest.mark.parametrize("value", ["urgent", "", 1, None, "batch"])
+def test_priority_field_takes_the_two_classes_and_is_named_when_wrong(path, body, value):
+    """The gateway's field is `priority`; the models' parameter is priority_class (Triton reserves priority)."""
+    response, replica = post(path, {**body, "priority": value}, reranker=True)
+    if value in ("urgent", "", 1):
+        assert response.status_code == 400 and response.json()["error"]["param"] == "priority" and not replica.calls
+        assert "'priority' must be one of ('interactive', 'batch')" in response.json()["error"]["message"]
+    else:
+        assert response.status_code == 200, response.text
+        sent = replica.calls[0].parameters.get("priority_class")
+        assert sent == (value or ("interactive" if path == "/v1/embeddings" else None))
 
 
 def test_a_rerank_of_many_documents_is_batch_unless_it_says_otherwise():
     documents = [f"doc {i}" for i in range(INTERACTIVE_MAX_TEXTS + 1)]
     _, replica = post("/v1/rerank", {"query": "q", "documents": documents}, reranker=True, max_rerank_chunk_documents=8)
-    assert len(replica.calls) > 1 and all(c.parameters == {"priority": "batch"} for c in replica.calls)
+    assert len(replica.calls) > 1 and all(c.parameters == {"priority_class": "batch"} for c in replica.calls)
     body = {"query": "q", "documents": documents, "priority": "interactive"}
     _, replica = post("/v1/rerank", body, reranker=True)
-    assert all(c.parameters == {"priority": "interactive"} for c in replica.calls)
+    assert all(c.parameters == {"priority_class": "interactive"} for c in replica.calls)
     _, replica = post("/v1/rerank", {"query": "q", "documents": documents[:2]}, reranker=True)
     assert replica.calls[0].parameters == {}  # one chunk: the reranker's own rule (texts and tokens) decides
 

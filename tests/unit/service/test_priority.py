@@ -33,15 +33,15 @@ def wait_until(predicate, timeout=5):
 
 
 @pytest.mark.parametrize("options_type", [RequestOptions, RerankOptions])
-def test_priority_option_takes_the_two_classes_and_names_itself_when_wrong(options_type):
+def test_priority_class_parameter_takes_the_two_classes_and_names_itself_when_wrong(options_type):
     assert options_type.from_parameters({}).priority == ""
-    assert options_type.from_parameters({"priority": None}).priority == ""
-    assert options_type.from_parameters('{"priority": "batch"}').priority == BATCH
-    assert options_type.from_parameters({"priority": "interactive"}).priority == INTERACTIVE
+    assert options_type.from_parameters({"priority_class": None}).priority == ""
+    assert options_type.from_parameters('{"priority_class": "batch"}').priority == BATCH
+    assert options_type.from_parameters({"priority_class": "interactive"}).priority == INTERACTIVE
     for bad in ("urgent", "", "BATCH", 1, ["batch"]):
-        with pytest.raises(InputError, match="priority") as refused:
-            options_type.from_parameters({"priority": bad})
-        assert refused.value.field == "priority"
+        with pytest.raises(InputError, match="'priority_class' must be one of") as refused:
+            options_type.from_parameters({"priority_class": bad})
+        assert refused.value.field == "priority_class"
 
 
 def test_default_rule_by_texts_and_tokens():
