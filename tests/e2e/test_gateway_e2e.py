@@ -71,6 +71,9 @@ def test_float_and_dimensions_match_the_ensemble(client, server):
     expected = embed_stream(server.grpc_url, TEXTS[:2], parameters={"dimensions": 64})
     assert cosine(rows, expected).min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1, atol=1e-5)
+    batch = client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="float", dimensions=64,
+                                     extra_body={"priority": "batch"})  # the encoder takes the class it is sent
+    assert cosine(np.array([d.embedding for d in batch.data]), expected).min() >= 0.9999
 
 
 def test_token_ids_and_query_type_match_the_text_path(client, server, model_dir, ensemble_rows):
@@ -102,6 +105,8 @@ def test_openai_client_errors(client):
         client.embeddings.create(model=MODEL, input=["fine", "   "])
     with pytest.raises(openai.BadRequestError, match="'dimensions' is 999"):
         client.embeddings.create(model=MODEL, input="x", dimensions=999)
+    with pytest.raises(openai.BadRequestError, match="'priority' must be one of"):
+        client.embeddings.create(model=MODEL, input="x", extra_body={"priority": "urgent"})
     with pytest.raises(openai.BadRequestError, match="truncate=false"):
         client.embeddings.create(model=MODEL, input="word " * 400, extra_body={"truncate": False})
     with pytest.raises(openai.APIStatusError) as info:
