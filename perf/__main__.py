@@ -156,7 +156,8 @@ def main(argv=None) -> None:
     run = sub.add_parser("run", help="run a profile against ours and peers")
     run.add_argument("--profile", choices=sorted([*PROFILES, *RUNNERS]), default="cpu",
                      help="cells against served targets (perf/profiles.py) or in-process runs: overhead (the "
-                          "server's own cost per request), engine-cpu, gpu-served, gpu-latency (docs/benchmarks.md)")
+                          "server's own cost per request), engine-cpu, gpu-served, gpu-latency; mix (bulk + "
+                          "interactive, priority classes on and off) (docs/benchmarks.md)")
     run.add_argument("--targets", help=f"comma list (default: the profile's); known: {','.join(lineup.LABELS)}")
     run.add_argument("--cells", help="comma list of cell keys (default: all); overhead profile: client paths")
     run.add_argument("--dry-run", action="store_true",
@@ -171,6 +172,8 @@ def main(argv=None) -> None:
     run.add_argument("--compare", help="overhead profile: also serve these git refs (comma list), same run")
     run.add_argument("--variant", action="append", metavar="LABEL=REF[:KEY=VALUE...]",
                      help="overhead profile: also serve REF (. = this checkout) with KEY=VALUE in its environment")
+    run.add_argument("--server-env", action="append", metavar="KEY=VALUE",
+                     help="mix profile: launcher environment of the server it starts (e.g. ROSE_MAX_BATCH_TOKENS=2048)")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--no-gemm", action="store_true")
     run.add_argument("--quiet-wait", type=float, default=120.0,

@@ -144,4 +144,5 @@ RUNNERS = {
     "engine-cpu": "perf.engine.cpu",     # ModelRunner.step vs ONNX Runtime; model FLOP/s vs GEMM, no server
     "gpu-served": "perf.engine.served",  # Endpoint + BatchingService + CUDA graphs under concurrent load
     "gpu-latency": "perf.engine.latency",  # batch 1: graphs vs eager vs HF transformers
+    "mix": "perf.mix",                   # bulk backfill + interactive stream, priority classes on and off
 }

@@ -110,6 +110,10 @@ def machine_line(m: dict) -> str:
 def markdown(results: dict) -> str:
     if results["profile"] == "overhead":
         return overhead_markdown(results)
+    if results["profile"] == "mix":
+        from .mix import markdown as mix_markdown
+
+        return mix_markdown(results)
     m = results["machine"]
     lines = [f"# Benchmark `{results['profile']}`: {m['date']}", "", results["description"], "",
              f"- Machine: {machine_line(m)}", f"- Commit: `{m['git_commit']}`; model: {results['model']['name']}",
