@@ -132,11 +132,13 @@ def check_answers(grpc_url: str, reference: Reference, cell: Cell, requests: lis
     return worst
 
 
-def summarize(idle: dict, batch_s: float, on: dict, off: dict) -> dict:
-    bound = idle["p99_ms"] + TARGET_P99_BATCHES * batch_s * 1e3
+def summarize(idle: dict, batch_s: float, on: dict, off: dict, step_s: float | None = None) -> dict:
+    """`batch_s`: a full batch alone; `step_s`: the mean engine step while priority was on (the batches the
+    queries actually waited for, on a machine the clients share); the p99 bound uses the larger."""
+    bound = idle["p99_ms"] + TARGET_P99_BATCHES * max(batch_s, step_s or 0.0) * 1e3
     ratio = off["interactive"]["p99_ms"] / on["interactive"]["p99_ms"]
     bulk = on["bulk"]["embeddings_per_s"] / off["bulk"]["embeddings_per_s"]
-    return {"idle_p99_ms": idle["p99_ms"], "batch_s": batch_s, "p99_bound_ms": bound,
+    return {"idle_p99_ms": idle["p99_ms"], "batch_s": batch_s, "on_step_s": step_s, "p99_bound_ms": bound,
             "interactive_p99_on_ms": on["interactive"]["p99_ms"], "interactive_p99_off_ms": off["interactive"]["p99_ms"],
             "interactive_p50_on_ms": on["interactive"]["p50_ms"], "interactive_p50_off_ms": off["interactive"]["p50_ms"],
             "p99_off_over_on": ratio, "bulk_on_over_off": bulk,
@@ -215,7 +217,10 @@ def measure(args, out_json, machine: dict) -> dict:
     for r in rounds:  # keep the per-round figures, not every latency twice
         for key in ("bulk", "interactive"):
             r[key].pop("latencies", None)
-    summary = summarize(idle, batch_s, phases["on"], phases["off"])
+    on_steps = [r["server"] for r in rounds if r["phase"] == "on" and r["server"]["steps"]]
+    step_s = sum(d["mean_step_s"] * d["steps"] for d in on_steps) / sum(d["steps"] for d in on_steps) \
+        if on_steps else None
+    summary = summarize(idle, batch_s, phases["on"], phases["off"], step_s)
     idle.pop("latencies", None)
     return {
         "profile": "mix", "machine": machine, "model": model, "started": started,
@@ -250,9 +255,10 @@ def markdown(results: dict) -> str:
         lines.append(f"| {name} | {phase['interactive']['p50_ms']:.0f} | {phase['interactive']['p99_ms']:.0f} | "
                      f"{phase['interactive']['n']} | {phase['bulk']['embeddings_per_s']:.1f} |")
     lines += ["", f"A full batch ({st['full_batch']} tokens) alone: median {s['batch_s']:.2f} s "
-              f"(runs: {', '.join(f'{t:.2f}' for t in results['batch_times_s'])}).", "",
+              f"(runs: {', '.join(f'{t:.2f}' for t in results['batch_times_s'])}); mean engine step while "
+              f"priority was on: {s.get('on_step_s') or 0:.2f} s. The bound below takes the larger.", "",
               "Targets (issue 20):", "",
-              f"- interactive p99 on {s['interactive_p99_on_ms']:.0f} ms <= idle p99 + 2 batches "
+              f"- interactive p99 on {s['interactive_p99_on_ms']:.0f} ms <= idle p99 + 2 batch durations "
               f"{s['p99_bound_ms']:.0f} ms: {'met' if s['targets']['p99_on_within_idle_plus_two_batches'] else 'NOT met'}",
               f"- p99 off / on = {s['p99_off_over_on']:.1f}x (target >= {TARGET_P99_RATIO:g}x): "
               f"{'met' if s['p99_off_over_on'] >= TARGET_P99_RATIO else 'NOT met'}",

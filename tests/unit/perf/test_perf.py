@@ -186,3 +186,29 @@ def test_score_cells_without_a_reranker_are_skipped(model_dir, tmp_path):
     results = run_profile(Profile("t", "t", (cell,), ("rose",)), [cell], {"rose": target}, model, {},
                           tmp_path / "r.json", {}, quiet=(1.0, 0))
     assert results["cells"][0]["results"] == {"rose": {"skipped": "no reranker (--rerank-model-dir)"}}
+
+
+def test_mix_summary_checks_the_issue_targets_and_the_report_renders():
+    from perf import mix
+
+    def phase(p50, p99, emb):
+        return {"interactive": {"p50_ms": p50, "p99_ms": p99, "n": 10}, "bulk": {"embeddings_per_s": emb}}
+
+    idle = {"p50_ms": 50.0, "p99_ms": 100.0, "n": 40}
+    on, off = phase(900.0, 2000.0, 95.0), phase(15000.0, 30000.0, 100.0)
+    summary = mix.summarize(idle, 1.0, on, off)  # bound: 100 ms + 2 x 1 s
+    assert summary["p99_bound_ms"] == 2100.0 and summary["p99_off_over_on"] == 15.0
+    assert all(summary["targets"].values())
+    assert not any(mix.summarize(idle, 0.5, on, phase(1e3, 4e3, 200.0))["targets"].values())
+    machine = {"date": "2026-12-01", "cpu": "cpu", "cores": 2, "cpu_isa": [], "memory_gib": 1, "os": "os",
+               "python": "3", "load_avg_at_start": [1.0], "git_commit": "abc"}
+    rounds = [{"round": 0, "phase": name, "server": {"steps": 3, "mean_step_s": 1.0, "mean_step_tokens": 2048,
+                                                      "promoted_sequences": 0},
+               "interactive": {**p["interactive"], "requests": 10}, "bulk": p["bulk"]}
+              for name, p in (("on", on), ("off", off))]
+    results = {"profile": "mix", "machine": machine, "model": {"name": "m"}, "description": "d",
+               "settings": {**mix.SIZES, "max_batch_tokens": 2048, "server_env": {}, "full_batch": "8 x 256"},
+               "check": {"min_cosine_vs_sentence_transformers": 1.0}, "idle": idle, "batch_times_s": [1.0],
+               "rounds": rounds, "phases": {"on": on, "off": off}, "summary": summary}
+    text = report.markdown(results)
+    assert "| priority on | 900 | 2000 | 10 | 95.0 |" in text and "p99 off / on = 15.0x" in text
