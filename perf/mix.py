@@ -9,8 +9,9 @@ Everything goes pre-tokenized to `rose_encoder` over gRPC streaming with the req
 - batch: one request of a full batch (`max_batch_tokens` of bulk texts) alone, timed: the batch duration;
 - on: bulk as `batch`, queries as `interactive`;
 - off: bulk as `interactive` too: one class, so plain FCFS (what the encoder did before the classes).
-`on` and `off` alternate for `rounds` rounds (a noisy machine slows both alike); every client's first
-answer of the run is checked against sentence-transformers on the same weights first.
+`on` and `off` alternate for `rounds` rounds in ABBA order (on, off, off, on, ...: a machine whose other
+load drifts during the run favours neither); the answers of both classes are checked against
+sentence-transformers on the same weights first.
 Targets (issue 20): interactive p99 with priority on <= idle p99 + two batch durations, and >= 5x lower
 than off; bulk embeddings/s on within 10% of off.
 """
@@ -36,7 +37,7 @@ from .profiles import Cell
 from .runner import Reference, log, min_cosine
 from .texts import Request, TextMaker
 
-SIZES = dict(bulk_clients=4, bulk_texts=64, bulk_tokens=256, interactive_clients=2, query_tokens=32,
+SIZES = dict(bulk_clients=4, bulk_texts=64, bulk_tokens=256, interactive_clients=4, query_tokens=32,
              phase_s=90.0, idle_s=20.0, batch_repeats=5, rounds=2)
 TARGET_P99_BATCHES = 2.0   # p99 on <= idle p99 + this many batch durations
 TARGET_P99_RATIO = 5.0     # p99 off / p99 on >= this
@@ -200,7 +201,8 @@ def measure(args, out_json, machine: dict) -> dict:
             f"median {batch_s:.2f} s")
         rounds = []
         for number in range(sizes["rounds"]):
-            for phase, bulk_class in (("on", BATCH), ("off", INTERACTIVE)):
+            order = (("on", BATCH), ("off", INTERACTIVE))
+            for phase, bulk_class in order if number % 2 == 0 else order[::-1]:
                 before = server_metrics(server.metrics_url)
                 stats = run_clients(url, {"bulk": (sizes["bulk_clients"], bulk_class, bulk),
                                           "interactive": (sizes["interactive_clients"], INTERACTIVE, queries)},
