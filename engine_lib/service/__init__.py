@@ -1,1 +1,1 @@
-"""The service: request pool -> FCFS token-budget batches -> runner steps -> answers (the seed's Tulip)."""
+"""The service: request pool -> token-budget batches (interactive, then batch work) -> runner steps -> answers (the seed's Tulip)."""

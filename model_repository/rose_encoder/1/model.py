@@ -1,4 +1,4 @@
-"""Triton adapter (decoupled): requests -> engine_lib's Endpoint (pool, FCFS batches, LazyTensors).
+"""Triton adapter (decoupled): requests -> engine_lib's Endpoint (pool, priority-class batches, LazyTensors).
 
 The same file serves every encoder of the assembled repository: `rose_encoder`
 (task embed -> EMBEDDINGS) and `rerank_encoder` (task score -> SCORES, with
