@@ -63,6 +63,8 @@ class TokenizerConfig:
     max_text_bytes: int = 1 << 20
     max_request_bytes: int = 4 << 20
     max_length: int = 0   # tokens per text at most; 0 = from the model folder
+    # Test-only (docs/operations.md): while this file exists, a request waits before it is tokenized. "" = off.
+    test_tokenize_hold_file: str = ""
 
     def __post_init__(self):
         _check_tokenizer_limits(self)

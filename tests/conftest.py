@@ -37,13 +37,15 @@ def server(tmp_path_factory, session_servers):
     It has an admin key (perf_analyzer needs the statistics API); the security
     tests check that requests without it are refused. The launcher's gateway
     runs beside it (`server.gateway_url`), as with `make serve`. `server.hold`: the encoder's
-    test-only hold (testing/hold.py), released unless a test holds it."""
-    from testing.hold import EncoderHold
+    test-only hold (testing/hold.py), released unless a test holds it; `server.tokenizer_hold`:
+    the tokenizer's."""
+    from testing.hold import EncoderHold, TokenizerHold
 
     folder = tmp_path_factory.mktemp("triton")
-    hold = EncoderHold(folder)
-    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True, env=hold.env)
-    instance.hold = hold
+    hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
+    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True,
+                            env={**hold.env, **tokenizer_hold.env})
+    instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     session_servers.append(instance)
     return instance
 
