@@ -8,7 +8,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -60,18 +59,31 @@ def bulk_command(input_path, output_path, replicas):
             "--max-chunk-tokens", "512", "--max-inflight", "2", "--no-progress"]
 
 
+KILLED_AFTER_8_CHUNKS = """
+import os, signal, sys
+from rose_client import bulk
+from rose_client.store import ResumableOutput
+real_write, written = ResumableOutput.write, []
+def write_8_then_die(self, chunk, rows):
+    if len(written) == 8:
+        os.kill(os.getpid(), signal.SIGKILL)
+    written.append(chunk.index)
+    real_write(self, chunk, rows)
+ResumableOutput.write = write_8_then_die
+sys.exit(bulk.main(sys.argv[1:]))
+"""
+
+
 def test_bulk_interrupted_and_resumed_writes_the_same_rows(replicas, single_server_rows, tmp_path):
+    """The first run is SIGKILLed (by itself, at its ninth chunk's write: the same point on any
+    machine); the same command resumes and writes the rows one uninterrupted run writes."""
     input_path, output_path = tmp_path / "docs.txt", tmp_path / "vectors.npy"
     input_path.write_text("".join(t + "\n" for t in TEXTS))
     journal = tmp_path / "vectors.npy.journal"
     command = bulk_command(input_path, output_path, replicas)
-    first = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not (journal.exists() and journal.read_text().count("\n") > 8) and time.monotonic() < deadline:
-        assert first.poll() is None, first.stderr.read().decode()
-        time.sleep(0.02)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    first = subprocess.run([sys.executable, "-c", KILLED_AFTER_8_CHUNKS, *command[3:]], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr
     done_before = journal.read_text().count("\n") - 1  # minus the header line
     assert not output_path.exists()
 
@@ -79,7 +91,7 @@ def test_bulk_interrupted_and_resumed_writes_the_same_rows(replicas, single_serv
     assert second.returncode == 0, second.stderr
     resumed = int(second.stderr.split("resuming: ")[1].split(" of ")[0])
     total = int(second.stderr.split(" of ")[1].split(" chunks")[0])
-    assert done_before <= resumed < total
+    assert done_before == resumed == 8 < total
     np.testing.assert_allclose(np.load(output_path), single_server_rows, rtol=0, atol=1e-6)
     assert sorted(os.listdir(tmp_path)) == ["docs.txt", "vectors.npy"]
 
