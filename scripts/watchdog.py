@@ -15,8 +15,9 @@ it that is still there (model stubs included: a SIGSTOPped stub acts on nothing
 else), so no process of the old server is left; it then exits with RESTART,
 which tells serve.sh to start a fresh server. Answered errors (overload, bad
 input) and refused connections (not listening yet) are not faults. While a test
-holds the encoder (ROSE_TEST_HOLD_FILE exists, docs/operations.md) it does not
-probe: a held probe would wait and add to the queue the test counts.
+holds the encoder or the tokenizer (ROSE_TEST_HOLD_FILE or ROSE_TEST_TOKENIZE_HOLD_FILE
+exists, docs/operations.md) it does not probe: a held probe would wait and add to the
+queue the test counts.
 """
 from __future__ import annotations
 
@@ -219,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     models = served_models(args.probe_rerank)
     judge = Judge(models, args.max_timeouts)
-    hold_file = os.environ.get("ROSE_TEST_HOLD_FILE", "")
+    hold_files = [f for f in map(os.environ.get, ("ROSE_TEST_HOLD_FILE", "ROSE_TEST_TOKENIZE_HOLD_FILE")) if f]
     with ThreadPoolExecutor(len(models), thread_name_prefix="probe") as pool:
         while sleep_while_alive(args.pid, args.interval):
-            if hold_file and os.path.exists(hold_file):
+            if any(map(os.path.exists, hold_files)):
                 continue
             outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
             reason = judge.verdict(outcomes, busy)
