@@ -186,3 +186,11 @@ def test_score_cells_without_a_reranker_are_skipped(model_dir, tmp_path):
     results = run_profile(Profile("t", "t", (cell,), ("rose",)), [cell], {"rose": target}, model, {},
                           tmp_path / "r.json", {}, quiet=(1.0, 0))
     assert results["cells"][0]["results"] == {"rose": {"skipped": "no reranker (--rerank-model-dir)"}}
+
+
+def test_machine_description_without_git_takes_the_commit_from_the_environment(monkeypatch):
+    from perf import machine
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no git to run, as on the device machine
+    monkeypatch.setenv("GIT_COMMIT", "abc1234")
+    assert machine.describe()["git_commit"] == "abc1234"
