@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -132,8 +133,8 @@ class EncoderConfig:
             value = getattr(self, name)
             if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
                 raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):

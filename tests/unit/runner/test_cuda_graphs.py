@@ -219,3 +219,25 @@ def test_gpu_failed_capture_restores_the_stream_and_later_captures_work():
     replay()
     torch.cuda.synchronize()
     assert output.tolist() == [6.0] * 16
+
+
+@pytest.mark.gpu
+def test_a_runner_on_the_last_gpu_steps_there_from_another_thread(folders):
+    """device=cuda:N (a KIND_GPU instance): weights, graphs and results on that GPU, whichever
+    thread calls step (CUDA's current device is per thread)."""
+    import threading
+
+    index = torch.cuda.device_count() - 1
+    runner = ModelRunner(folders["bert-mean"], device=f"cuda:{index}", dtype="float32", cuda_graphs="on",
+                         attention_backend="masked", self_check=False)
+    assert runner.device == torch.device("cuda", index)
+    assert next(runner.model.parameters()).device == runner.device
+    batch = PackedBatch.from_sequences(random_sequences([8, 16], 128, seed=25))
+    eager = runner.forward_eager(batch).cpu().numpy()
+    rows = []
+    thread = threading.Thread(target=lambda: rows.extend(runner.step(batch).wait() for _ in range(3)), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert len(rows) == 3
+    for row in rows:
+        np.testing.assert_allclose(row, eager, atol=1e-4)
