@@ -116,6 +116,7 @@ class EncoderConfig:
     cuda_graphs: str = "auto"
     max_graph_tokens: int = AUTO  # auto: every batch the scheduler can form (budget, or model maximum if larger)
     max_graph_seqs: int = AUTO    # auto: max_batch_sequences
+    max_graphs: int = 256  # graphs kept at most; batches of a key first seen after that run eagerly
     num_threads: int = 0
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
@@ -129,7 +130,7 @@ class EncoderConfig:
         if self.task not in ("embed", "score"):
             raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
-                     "max_queued_tokens", "max_queued_requests"):
+                     "max_queued_tokens", "max_queued_requests", "max_graphs"):
             value = getattr(self, name)
             if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
                 raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")
