@@ -29,7 +29,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# PYTHONFAULTHANDLER: a step past its hard timeout gets SIGABRT (timeout -s ABRT) and prints every thread's stack.
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || true)}"
 cd "$ROOT"
 if [[ -z "$OUT_DIR" ]]; then
@@ -63,7 +64,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 tests_status=0
 if "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
-  timeout 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
+  timeout -s ABRT -k 10 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
@@ -76,12 +77,12 @@ else
 fi
 
 log "served path (Endpoint + BatchingService + CUDA engine with graphs): profile gpu-served"
-timeout 200 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout -s ABRT -k 10 200 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 served_status=${PIPESTATUS[0]}
 log "served exit status $served_status"
 
 log "low-latency scenario, engine only (graphs vs eager vs HF transformers): profile gpu-latency"
-timeout 90 "${PROFILE[@]}" gpu-latency --scale 0.5 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout -s ABRT -k 10 150 "${PROFILE[@]}" gpu-latency --scale 0.5 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 latency_status=${PIPESTATUS[0]}
 log "latency exit status $latency_status"
 [[ $tests_status == 0 && $served_status == 0 && $latency_status == 0 ]]
