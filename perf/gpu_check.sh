@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One prepared GPU session (one device call, under 8 minutes; docs/benchmarks.md has the command):
-#  1. GPU tests (pytest -m gpu): graph replay == eager, a failed capture restores the stream,
+# One prepared GPU session (one device call, under 9 minutes; docs/benchmarks.md has the command):
+#  1. GPU tests (pytest -m gpu): graph replay == eager (Qwen3 and all-MiniLM shapes), a failed capture
+#     restores the stream, a runner on cuda:N, a device-side assert ends the process (exit 70),
 #     varlen/FlashInfer == SDPA on strided GQA q/k/v, bf16 within cosine 0.999 of fp32;
 #  2. the harness's gpu-served profile (perf/engine/served.py): build_endpoint as the Triton model
 #     does it (bf16, graphs, max_batch_tokens=auto, self-check), threads submitting concurrent
@@ -24,7 +25,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
     --out) OUT_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -67,6 +68,7 @@ if "$PYTHON" -c 'import pytest' 2>/dev/null; then
   timeout -s ABRT -k 10 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
+    tests/unit/service/test_service_fatal.py tests/unit/runner/test_batched_equals_alone.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
   tests_status=$?
   tail -n 25 "$OUT_DIR/gpu_tests.log" >&2
