@@ -112,4 +112,4 @@ def test_sigterm_finishes_the_request_in_flight(container_mode_server):
     client.stop_stream()  # an open stream would hold the ensemble until --exit-timeout-secs
     client.close()
     assert error is None and result.as_numpy("EMBEDDINGS").shape == (len(texts), 384)
-    assert server.process.wait(60) == 0
+    assert server.process.wait(180) == 0, server.log_tail()  # a bound for a hang, not a speed target
