@@ -70,9 +70,10 @@ def named_targets(models_file: str) -> tuple[dict[str, dict], dict[str, str]]:
     return probes, encoders
 
 
-def probe(url: str, model: str, timeout: float) -> tuple[str, str]:
-    """One tiny `generate` request to `model` -> (outcome, detail)."""
-    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=json.dumps(PROBES[model]).encode(),
+def probe(url: str, model: str, timeout: float, body: dict | None = None) -> tuple[str, str]:
+    """One tiny `generate` request to `model` (`body`, default its PROBES entry) -> (outcome, detail)."""
+    body = PROBES[model] if body is None else body
+    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from rose_triton.server import TritonServer, stop_all
+from rose_wire import RERANKER, served_models
 
 MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_server's models served by name
 
@@ -108,5 +109,6 @@ def multi_server(tmp_path_factory, session_servers):
                                         "--rerank-model", f"{MULTI_RERANKER}={reranker}"])
     instance.embedder, instance.reranker_folder, instance.models_file = embedder, reranker, models_file
     instance.embedder_name, instance.reranker_name = MULTI_EMBEDDER, MULTI_RERANKER
+    instance.rerank_models = served_models(MULTI_RERANKER, RERANKER)
     session_servers.append(instance)
     return instance
