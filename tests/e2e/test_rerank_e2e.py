@@ -216,9 +216,9 @@ def test_wrong_datatype_and_generate_errors_are_named(served):
     docs = httpclient.InferInput("DOCUMENTS", [2], "INT32")
     docs.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
     with pytest.raises(InferenceServerException, match="DOCUMENTS"):
-        client.infer("score", [_inputs(httpclient, [QUERY], ["x"])[0], docs])
+        client.infer(models(server).front, [_inputs(httpclient, [QUERY], ["x"])[0], docs])
     with pytest.raises(InferenceServerException, match="QUERY"):
-        client.infer("score", [_inputs(httpclient, [QUERY], ["x"])[1]])
+        client.infer(models(server).front, [_inputs(httpclient, [QUERY], ["x"])[1]])
     client.close()
     with pytest.raises(urllib.error.HTTPError) as caught:
         rerank_generate(server, [QUERY], [])
