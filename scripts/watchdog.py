@@ -136,10 +136,11 @@ class Judge:
         return ""
 
 
-def busy_models(models: list[str], before: dict | None, after: dict | None) -> set[str]:
+def busy_models(models: list[str], before: dict | None, after: dict | None,
+                encoder_of: dict[str, str] = ENCODER_OF) -> set[str]:
     if before is None or after is None:
         return set()
-    return {m for m in models if after.get(ENCODER_OF[m], 0.0) > before.get(ENCODER_OF[m], 0.0)}
+    return {m for m in models if after.get(encoder_of[m], 0.0) > before.get(encoder_of[m], 0.0)}
 
 
 def probe_round(pool: ThreadPoolExecutor, url: str, models: list[str], timeout: float,
