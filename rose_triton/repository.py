@@ -90,22 +90,22 @@ def assemble(out: str, base: str, sets: list[str], models: list[ServedModel] = (
     links: dict[str, str] = {}
     for source in [base, *sets]:
         if not os.path.isdir(source):
-            raise SystemExit(f"assemble_repository: {source} is not a folder")
+            raise SystemExit(f"rose_triton.repository: {source} is not a folder")
         for name in model_folders(source):
             if name in links:
-                raise SystemExit(f"assemble_repository: model {name!r} is in both {links[name]} and {source}")
+                raise SystemExit(f"rose_triton.repository: model {name!r} is in both {links[name]} and {source}")
             links[name] = os.path.abspath(os.path.join(source, name))
     try:
         check_named(models)
     except ValueError as exc:
-        raise SystemExit(f"assemble_repository: {exc}") from None
+        raise SystemExit(f"rose_triton.repository: {exc}") from None
     for model in models:
         for name in model.triton:
             if name in links:
-                raise SystemExit(f"assemble_repository: model {name!r} of {model.name!r} is also in {links[name]}")
+                raise SystemExit(f"rose_triton.repository: model {name!r} of {model.name!r} is also in {links[name]}")
     if os.path.isdir(out) and os.listdir(out):
         if not os.path.isfile(os.path.join(out, MARKER)):
-            raise SystemExit(f"assemble_repository: {out} is not empty and was not made by this script")
+            raise SystemExit(f"rose_triton.repository: {out} is not empty and was not made by this script")
         shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
     open(os.path.join(out, MARKER), "w").close()
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models = selected_models(args.flags, args.models_file)
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"assemble_repository: {exc}") from None
+        raise SystemExit(f"rose_triton.repository: {exc}") from None
     for name, target in assemble(args.out, args.base, args.sets, models).items():
         print(f"{name} -> {target}")
     for model in models:

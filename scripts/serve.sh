@@ -20,7 +20,8 @@
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
 # e.g. ROSE_MAX_BATCH_TOKENS), ROSE_RERANK_MODEL_DIR (a reranker folder: also
 # serve `rerank` and `score`; ROSE_RERANK_<PARAMETER> overrides the reranker's
-# parameters), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
+# parameters), ROSE_MODEL_<NAME>_<PARAMETER> (a parameter of the model served
+# as NAME, upper-cased, other characters than A-Z 0-9 as _), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
 # ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_GATEWAY=0
 # (same as --no-gateway), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5),
@@ -105,7 +106,7 @@ SERVED_MODELS_ARGS=()
 if [[ ${#SETS[@]} -gt 0 || ${#NAMED[@]} -gt 0 || -n "${ROSE_MODELS_FILE:-}" ]]; then
   ASSEMBLED="$(mktemp -d "${TMPDIR:-/tmp}/rose-repository.XXXXXX")"
   trap 'rm -rf "$ASSEMBLED"' EXIT  # links and small files; the exec paths below leave it behind
-  python3 -m rose_triton.repository "$ASSEMBLED" "$MODEL_REPOSITORY" "${SETS[@]}" "${NAMED[@]}" >/dev/null
+  python3 -m rose_triton.repository "$ASSEMBLED" "$MODEL_REPOSITORY" "${SETS[@]}" "${NAMED[@]}" >/dev/null || exit 2
   MODEL_REPOSITORY="$ASSEMBLED"
   if [[ -f "$ASSEMBLED/served_models.json" ]]; then
     SERVED_MODELS_ARGS=(--models-file "$ASSEMBLED/served_models.json")

@@ -156,4 +156,4 @@ def test_launcher_serves_named_models_and_refuses_a_bad_models_file(tmp_path, fo
     bad.write_text(json.dumps({"embedders": {"e5": {"model_dir": str(folders / "embedder"), "batch": 3}}}))
     run = subprocess.run([str(REPO / "scripts" / "serve.sh"), "--no-gateway", "--models-file", str(bad)], env=env,
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0 and "unknown setting(s) ['batch']" in run.stderr and "ensemble" not in run.stdout
+    assert run.returncode == 2 and "unknown setting(s) ['batch']" in run.stderr and "ensemble" not in run.stdout
