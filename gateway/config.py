@@ -134,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
 
 if __name__ == "__main__":  # `python -m gateway.config ARGS`: check the settings only (scripts/serve.sh)
     try:
-        parse_args()
+        from .routing import check_names
+
+        check_names(parse_args())
     except ValueError as exc:
         raise SystemExit(f"gateway: {exc}") from None

@@ -64,6 +64,24 @@ def read_routes(models_file: str, tokenizer=GatewayTokenizer) -> tuple[dict, dic
     return named_routes(models, tokenizer)
 
 
+def check_names(config) -> list[str]:
+    """The served names a GatewayConfig gives (the default embedder's, `rerank`, the models
+    file's), refusing a named model that takes a default model's name: `python -m gateway.config`
+    runs this before the launcher starts anything, Routes again at start."""
+    from engine_lib.config import TokenizerConfig
+    from rose_triton.parameters import config_from_pbtxt
+
+    from .app import served_model_name
+
+    setting = config_from_pbtxt(TokenizerConfig, config.tokenizer_config, model_dir=config.model_dir or None).model_dir
+    defaults = {served_model_name(config, setting, setting), config.rerank_model_name, RERANK}
+    named = [m.name for m in read_models_file(config.models_file)] if config.models_file else []
+    clash = sorted(defaults & set(named))
+    if clash:
+        raise ValueError(f"the models file serves {clash[0]!r}, a name of the default models: choose another")
+    return named
+
+
 class Routes:
     def __init__(self, default_embedder: EmbedderRoute, default_reranker: RerankerRoute,
                  embedders: dict[str, EmbedderRoute], rerankers: dict[str, RerankerRoute],

@@ -86,9 +86,6 @@ else
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 GATEWAY_ARGS=(--triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT")
-if [[ "$GATEWAY" == 1 ]]; then
-  python3 -m gateway.config "${GATEWAY_ARGS[@]}"  # its settings (keys for an open --host), before anything starts
-fi
 
 # Optional model sets (model_sets/<set>/) and models served by name are served beside the
 # base repository in an assembled one (python3 -m rose_triton.repository); without any, the
@@ -111,6 +108,11 @@ if [[ ${#SETS[@]} -gt 0 || ${#NAMED[@]} -gt 0 || -n "${ROSE_MODELS_FILE:-}" ]]; 
   if [[ -f "$ASSEMBLED/served_models.json" ]]; then
     SERVED_MODELS_ARGS=(--models-file "$ASSEMBLED/served_models.json")
   fi
+fi
+
+if [[ "$GATEWAY" == 1 ]]; then  # its settings (keys for an open --host, model names), before anything starts
+  python3 -m gateway.config "${GATEWAY_ARGS[@]}" --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" \
+    "${SERVED_MODELS_ARGS[@]}"
 fi
 
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2

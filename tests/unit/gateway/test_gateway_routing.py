@@ -142,3 +142,15 @@ def test_a_named_model_cannot_take_a_default_models_name(tmp_path, model_dir):
     path.write_text(json.dumps({"embedders": {DEFAULT: {"model_dir": model_dir}}}))
     with pytest.raises(ValueError, match="a name of the default models"):
         create_app(GatewayConfig(triton=("fake:1",), models_file=str(path)))
+
+
+def test_the_launchers_preflight_refuses_a_default_models_name(tmp_path, models_file, model_dir):
+    """`python -m gateway.config` (serve.sh, before anything starts) runs check_names."""
+    from gateway.routing import check_names
+
+    assert check_names(GatewayConfig(models_file=models_file)) == ["e5", "plain", "judge", "second"]
+    for name in (DEFAULT, "rerank"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"rerankers": {name: {"model_dir": model_dir}}}))
+        with pytest.raises(ValueError, match=f"serves '{name}', a name of the default models"):
+            check_names(GatewayConfig(models_file=str(path)))
