@@ -138,7 +138,3 @@ class Routes:
             return self.rerankers[model]
         extra = ": it is an embedder (POST /v1/embeddings)" if model in self.embedders else ""
         raise model_not_found(model, served, extra)
-
-    def ready_model(self, route) -> str:
-        """The Triton model a route's chunks go to (its readiness)."""
-        return route.encoder if isinstance(route, EmbedderRoute) else route.ensemble
