@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -63,6 +64,8 @@ class TokenizerConfig:
     max_text_bytes: int = 1 << 20
     max_request_bytes: int = 4 << 20
     max_length: int = 0   # tokens per text at most; 0 = from the model folder
+    # Test-only (docs/operations.md): while this file exists, a request waits before it is tokenized. "" = off.
+    test_tokenize_hold_file: str = ""
 
     def __post_init__(self):
         _check_tokenizer_limits(self)
@@ -115,6 +118,7 @@ class EncoderConfig:
     cuda_graphs: str = "auto"
     max_graph_tokens: int = AUTO  # auto: every batch the scheduler can form (budget, or model maximum if larger)
     max_graph_seqs: int = AUTO    # auto: max_batch_sequences
+    max_graphs: int = 256  # graphs kept at most; batches of a key first seen after that run eagerly
     num_threads: int = 0
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
@@ -128,12 +132,12 @@ class EncoderConfig:
         if self.task not in ("embed", "score"):
             raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
-                     "max_queued_tokens", "max_queued_requests", "batch_promote_ms"):
+                     "max_queued_tokens", "max_queued_requests", "max_graphs", "batch_promote_ms"):
             value = getattr(self, name)
             if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
                 raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):

@@ -18,13 +18,24 @@ from starlette.routing import Route
 
 from engine_lib.model_folder import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused, DispatchFault, JobFailed
-from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, RERANK, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
+from rose_wire import (
+    DEFAULT_EMBEDDER,
+    DEFAULT_RERANKER,
+    DOCUMENTS,
+    INPUT_IDS,
+    QUERY,
+    ROSE_ENCODER,
+    SEQ_LENS,
+    TEXT,
+    TOKEN_TYPE_IDS,
+)
 
 from . import embeddings, liveness, rerank
 from .backend import Backend
 from .config import DEFAULT_MODEL_NAME, GatewayConfig
-from .errors import ApiError, bad_request, model_not_found, too_large
+from .errors import ApiError, bad_request, too_large
 from .metrics import GatewayMetrics
+from .routing import EmbedderRoute, RerankerRoute, Routes, read_routes
 from .tokenizing import Encoded, GatewayTokenizer
 
 log = logging.getLogger("gateway")
@@ -56,7 +67,12 @@ class Gateway:
         self.rerank_limits = rerank.read_limits(config.rerank_tokenizer_config)
         self.rerank_pair_tokens = rerank.max_pair_tokens(self.rerank_limits)
         self.metrics = GatewayMetrics()
-        self.backend = Backend(config, self.metrics)
+        embedders, rerankers = read_routes(config.models_file, GatewayTokenizer)
+        self.routes = Routes(EmbedderRoute(self.model_name, self.tokenizer, DEFAULT_EMBEDDER),
+                             RerankerRoute(config.rerank_model_name, self.rerank_limits, self.rerank_pair_tokens,
+                                           DEFAULT_RERANKER),
+                             embedders, rerankers, lambda model: self.backend.serves(model))
+        self.backend = Backend(config, self.metrics, self.routes.targets())
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self.pending_tokens = 0
         self.active_requests = 0  # /v1/embeddings and /v1/rerank requests being answered
@@ -100,9 +116,12 @@ class Gateway:
             raise bad_request("request body must be a JSON object")
         return parsed
 
-    def require_ready(self) -> None:
+    def require_ready(self, model: str = ROSE_ENCODER) -> None:
+        """Some replica is ready, and serves Triton model `model` (a route's)."""
         if not self.backend.any_ready:
             raise ApiError(503, "no Triton replica is ready", None, "no_replica_ready", retry_after=1)
+        if not self.backend.serves(model):
+            raise ApiError(503, f"no ready Triton replica serves {model!r}", None, "no_replica_ready", retry_after=1)
 
     def admit(self, num_tokens: int, param: str) -> None:
         if num_tokens > self.config.max_pending_tokens:  # it would never pass: not a 429
@@ -115,25 +134,28 @@ class Gateway:
 
     async def embeddings(self, request: Request) -> Response:
         self.authorize(request)
-        req = embeddings.parse_request(await self.read_json(request), self.tokenizer.output_dim)
-        if req.model != self.model_name:
-            raise model_not_found(req.model, [self.model_name])
-        self.require_ready()
-        encoded = await self._encode(req)
+        req = embeddings.parse_request(await self.read_json(request))
+        route = self.routes.embedder(req.model)
+        embeddings.check_width(req, route.tokenizer.output_dim)
+        self.require_ready(route.encoder)
+        encoded = await self._encode(req, route.tokenizer)
         num_tokens = int(encoded.seq_lens.sum())
-        rows = await self._dispatch(request, self.backend.embed(encoded, req.parameters(num_tokens)), num_tokens)
+        rows = await self._dispatch(request, self.backend.embed(encoded, req.parameters(num_tokens), route.encoder),
+                                    num_tokens)
         self.metrics.tokens.inc(num_tokens)
         self.metrics.inputs.labels("embeddings").inc(req.num_inputs)
-        return json_response(embeddings.render_response(rows, self.model_name, req.encoding_format, num_tokens))
+        return json_response(embeddings.render_response(rows, route.name, req.encoding_format, num_tokens))
 
-    async def _encode(self, req: embeddings.EmbeddingRequest) -> Encoded:
+    async def _encode(self, req: embeddings.EmbeddingRequest, tokenizer: GatewayTokenizer | None = None) -> Encoded:
+        """`req`'s inputs as ids, with `tokenizer` (its route's; default: the default embedder's)."""
+        tokenizer = tokenizer or self.tokenizer
         if req.token_ids is not None:
-            return self.tokenizer.encode_ids(req.token_ids, req.options.truncate)
-        self.tokenizer.check_texts(req.texts)
+            return tokenizer.encode_ids(req.token_ids, req.options.truncate)
+        tokenizer.check_texts(req.texts)
         if sum(map(len, req.texts)) <= INLINE_CHARS:
-            return self.tokenizer.encode_texts(req.texts, req.options)
+            return tokenizer.encode_texts(req.texts, req.options)
         return await asyncio.get_running_loop().run_in_executor(
-            self.pool, self.tokenizer.encode_texts, req.texts, req.options)
+            self.pool, tokenizer.encode_texts, req.texts, req.options)
 
     async def _dispatch(self, request: Request, job, num_tokens: int, param: str = "input"):
         """Run a backend job under the pending-token bound; map its failure to a status.
@@ -172,22 +194,20 @@ class Gateway:
 
     async def rerank(self, request: Request) -> Response:
         self.authorize(request)
-        req = rerank.parse_request(await self.read_json(request), self.rerank_limits)
-        name = self.config.rerank_model_name
-        if req.model not in (None, name, RERANK):
-            raise model_not_found(req.model, [name] if self.backend.reranker_served else [])
-        self.require_ready()
-        if not self.backend.reranker_served:
-            raise model_not_found(req.model or name, [], ": no reranker is served (start the launcher with "
-                                                         "--rerank-model-dir)")
-        scores = await self._dispatch(request, self.backend.rerank(req.query, req.documents, req.parameters),
-                                      rerank.admission_tokens(req, self.rerank_pair_tokens), "documents")
+        body = await self.read_json(request)
+        self.require_ready(ROSE_ENCODER)  # which rerankers are served is known from ready replicas
+        route = self.routes.reranker(rerank.requested_model(body))
+        req = rerank.parse_request(body, route.limits)
+        self.require_ready(route.ensemble)
+        scores = await self._dispatch(request, self.backend.rerank(req.query, req.documents, req.parameters,
+                                                                   route.ensemble),
+                                      rerank.admission_tokens(req, route.pair_tokens), "documents")
         self.metrics.inputs.labels("rerank").inc(len(req.documents))
-        return json_response(rerank.render_results(req, scores, name))
+        return json_response(rerank.render_results(req, scores, route.name))
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
-        names = [self.model_name] + ([self.config.rerank_model_name] if self.backend.reranker_served else [])
+        names = self.routes.names()
         data = [{"id": n, "object": "model", "created": int(self.started), "owned_by": "rose"} for n in names]
         return json_response({"object": "list", "data": data})
 
@@ -298,7 +318,7 @@ def create_app(config: GatewayConfig) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await gateway.backend.start()
-        log.info("gateway ready for %s on %s", gateway.model_name, list(config.triton))
+        log.info("gateway ready for %s on %s", gateway.routes.names(), list(config.triton))
         yield
         await gateway.backend.close()
         gateway.pool.shutdown(wait=False)

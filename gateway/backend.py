@@ -1,5 +1,6 @@
 """The Triton side: replicas (DNS-resolved, health-checked), the async chunk
-dispatcher from rose_client, and the two calls the API makes.
+dispatcher from rose_client, and the two calls the API makes, each to the Triton
+model its route names (gateway/routing.py); one dispatcher serves every model.
 
 The health and DNS loops survive their own failures: an exception in one round
 is logged and the next round runs. A replica that DNS no longer lists takes no
@@ -26,12 +27,15 @@ log = logging.getLogger("gateway")
 
 
 class Backend:
-    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics):
+    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics, targets: tuple[str, ...] = ()):
+        """`targets`: the Triton models of the models served by name whose readiness is checked."""
         self.config = config
         self.metrics = metrics
         self.channels: dict[str, ReplicaChannel] = {}
         self.ready: dict[str, bool] = {}
         self.rerank_ready: dict[str, bool] = {}
+        self.targets = tuple(targets)
+        self.target_ready: dict[str, dict[str, bool]] = {}  # {Triton model: {replica: ready}}
         self.dispatcher: AsyncDispatcher | None = None
         self._loops: list[asyncio.Task] = []
 
@@ -62,6 +66,14 @@ class Backend:
     def reranker_served(self) -> bool:
         return any(self.rerank_ready.values())
 
+    def serves(self, model: str) -> bool:
+        """Some replica has Triton model `model` ready (the default encoder, `rerank` or a target)."""
+        if model == ROSE_ENCODER:
+            return self.any_ready
+        if model == RERANK:
+            return self.reranker_served
+        return any(self.target_ready.get(model, {}).values())
+
     def _channel(self, url: str) -> ReplicaChannel:
         if url not in self.channels:
             self.channels[url] = ReplicaChannel(url)
@@ -77,12 +89,15 @@ class Backend:
         urls = self.dispatcher.urls
         ready = await asyncio.gather(*(self._channel(u).is_ready(ROSE_ENCODER) for u in urls))
         rerank = await asyncio.gather(*(self._channel(u).is_ready(RERANK) for u in urls))
+        targets = await asyncio.gather(*(self._channel(u).is_ready(m) for m in self.targets for u in urls))
         for url, now_ready in zip(urls, ready):
             if self.ready.get(url) != now_ready:
                 log.info("replica %s %s", url, "ready" if now_ready else "not ready")
             if not now_ready:  # e.g. stopping: let it exit without waiting for our idle streams
                 self._channel(url).drop_idle_streams()
         self.ready, self.rerank_ready = dict(zip(urls, ready)), dict(zip(urls, rerank))
+        self.target_ready = {m: dict(zip(urls, targets[i * len(urls):(i + 1) * len(urls)]))
+                             for i, m in enumerate(self.targets)}
         await self._close_drained_channels()
 
     async def _health_loop(self) -> None:
@@ -119,29 +134,30 @@ class Backend:
         for url in [u for u in self.channels if u not in served and not self.dispatcher.has_workers(u)]:
             await self.channels.pop(url).close()
 
-    async def embed(self, encoded: Encoded, parameters: dict) -> np.ndarray:
-        """-> float32 [num_inputs, D] in input order; raises rose_client's JobFailed."""
+    async def embed(self, encoded: Encoded, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
+        """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's JobFailed."""
         chunks = plan_chunks(encoded.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
         offsets = encoded.offsets
 
         def call(chunk: Chunk) -> Call:
             ids = encoded.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
-            return Call(ROSE_ENCODER, {INPUT_IDS: ids, SEQ_LENS: encoded.seq_lens[chunk.start:chunk.stop]},
+            return Call(encoder, {INPUT_IDS: ids, SEQ_LENS: encoded.seq_lens[chunk.start:chunk.stop]},
                         EMBEDDINGS, parameters, rows=chunk.num_texts)
 
         self.metrics.chunks.labels("embeddings").inc(len(chunks))
         parts = await self.dispatcher.run(chunks, call)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    async def rerank(self, query: str, documents: list[str], parameters: dict) -> np.ndarray:
-        """-> float32 [num_documents] scores, document order; chunks of documents share the query."""
+    async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
+        """-> float32 [num_documents] scores from the reranker ensemble `model`, document order;
+        chunks of documents share the query."""
         chunks = plan_chunks([1] * len(documents), self.config.max_rerank_chunk_documents,
                              self.config.max_rerank_chunk_documents)
         query_tensor = np.array([query.encode()], dtype=np.object_)
 
         def call(chunk: Chunk) -> Call:
             docs = np.array([d.encode() for d in documents[chunk.start:chunk.stop]], dtype=np.object_)
-            return Call(RERANK, {QUERY: query_tensor, DOCUMENTS: docs}, SCORES, parameters,
+            return Call(model, {QUERY: query_tensor, DOCUMENTS: docs}, SCORES, parameters,
                         rows=chunk.num_texts)
 
         self.metrics.chunks.labels("rerank").inc(len(chunks))

@@ -25,6 +25,7 @@ class GatewayConfig:
     tokenizer_config: str = str(DEFAULT_TOKENIZER_CONFIG)
     rerank_tokenizer_config: str = str(DEFAULT_RERANK_TOKENIZER_CONFIG)  # its limits apply to /v1/rerank
     rerank_model_name: str = "rerank"
+    models_file: str = ""               # models served by name (rose_triton/models_file.py); "" = none
     api_keys: frozenset[str] = field(default_factory=frozenset)
     max_inflight_per_replica: int = 4
     max_chunk_attempts: int = 4         # failures of one chunk before its request fails (429/503)
@@ -97,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--rerank-tokenizer-config", default=GatewayConfig.rerank_tokenizer_config,
                    help="the rerank_tokenizer model's config.pbtxt (/v1/rerank's limits; ROSE_RERANK_* overrides)")
     p.add_argument("--rerank-model-name", default=os.environ.get("ROSE_RERANK_MODEL_NAME", "rerank"))
+    p.add_argument("--models-file", default=os.environ.get("ROSE_MODELS_FILE", ""),
+                   help="the launcher's models file (JSON or YAML; also ROSE_MODELS_FILE): route each model it "
+                        "serves by name to its own Triton models (gateway/routing.py)")
     p.add_argument("--api-key-file", default=os.environ.get("ROSE_GATEWAY_API_KEY_FILE"),
                    help="require Authorization: Bearer with one of these keys (also ROSE_GATEWAY_API_KEYS)")
     p.add_argument("--allow-unauthenticated", action="store_true",
@@ -117,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         triton=tuple(args.triton or GatewayConfig.triton), host=args.host, port=args.port,
         model_dir=args.model_dir, model_name=args.model_name, tokenizer_config=args.tokenizer_config,
         rerank_tokenizer_config=args.rerank_tokenizer_config,
-        rerank_model_name=args.rerank_model_name, api_keys=read_api_keys(args.api_key_file),
+        rerank_model_name=args.rerank_model_name, models_file=args.models_file, api_keys=read_api_keys(args.api_key_file),
         max_inflight_per_replica=args.max_inflight_per_replica, max_chunk_attempts=args.max_chunk_attempts,
         max_chunk_tokens=args.max_chunk_tokens,
         max_chunk_texts=args.max_chunk_texts, max_rerank_chunk_documents=args.max_rerank_chunk_documents,
@@ -130,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
 
 if __name__ == "__main__":  # `python -m gateway.config ARGS`: check the settings only (scripts/serve.sh)
     try:
-        parse_args()
+        from .routing import check_names
+
+        check_names(parse_args())
     except ValueError as exc:
         raise SystemExit(f"gateway: {exc}") from None

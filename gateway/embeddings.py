@@ -93,6 +93,15 @@ def parse_request(body: dict, width: int | None = None) -> EmbeddingRequest:
     return EmbeddingRequest(model, texts, token_ids, fmt, options)
 
 
+def check_width(request: EmbeddingRequest, width: int | None) -> None:
+    """`dimensions` against the row width of the model the request names (once it is known)."""
+    if width is not None:
+        try:
+            request.options.check_width(width)
+        except InputError as exc:
+            raise from_input_error(exc) from None
+
+
 def render_response(rows: np.ndarray, model: str, encoding_format: str, num_tokens: int) -> bytes:
     """rows: float32 [N, D]; base64 is little-endian float32 (what OpenAI's client decodes)."""
     if encoding_format == "base64":

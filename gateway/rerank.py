@@ -73,14 +73,20 @@ def _document_text(i: int, doc) -> str:
     return text
 
 
+def requested_model(body: dict) -> str | None:
+    """The request's `model` (None: not given), before the rest is read against its limits."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    return model
+
+
 def parse_request(body: dict, limits: TextLimits) -> RerankRequest:
     """`limits`: the rerank_tokenizer model's (PairTokenizerConfig), over the whole request."""
     unknown = sorted(set(body) - FIELDS)
     if unknown:
         raise bad_request(f"unknown field(s) {unknown}; known: {sorted(FIELDS)}", unknown[0])
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
+    model = requested_model(body)
     query = body.get("query")
     if not isinstance(query, str):
         raise bad_request("'query' is required and must be a string", "query")

@@ -30,9 +30,13 @@ class Encoded:
 
 
 class GatewayTokenizer:
-    def __init__(self, tokenizer_config: str, model_dir: str = ""):
-        """`model_dir` (--model-dir) over ROSE_MODEL_DIR over the config.pbtxt's."""
-        self.config = config_from_pbtxt(TokenizerConfig, tokenizer_config, model_dir=model_dir or None)
+    def __init__(self, tokenizer_config: str | TokenizerConfig, model_dir: str = ""):
+        """`tokenizer_config`: a config.pbtxt, or the settings themselves (a model served by name);
+        `model_dir` (--model-dir) over ROSE_MODEL_DIR over the config.pbtxt's."""
+        if isinstance(tokenizer_config, TokenizerConfig):
+            self.config = tokenizer_config
+        else:
+            self.config = config_from_pbtxt(TokenizerConfig, tokenizer_config, model_dir=model_dir or None)
         folder = ModelFolder.open(self.config.model_dir)
         self.model_dir = folder.path
         self.text = TextTokenizer(folder, self.config)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One prepared GPU session (one device call, under 8 minutes; docs/benchmarks.md has the command):
-#  1. GPU tests (pytest -m gpu): graph replay == eager, a failed capture restores the stream,
+# One prepared GPU session (one device call, under 9 minutes; docs/benchmarks.md has the command):
+#  1. GPU tests (pytest -m gpu): graph replay == eager (Qwen3 and all-MiniLM shapes), a failed capture
+#     restores the stream, a runner on cuda:N, a device-side assert ends the process (exit 70),
 #     varlen/FlashInfer == SDPA on strided GQA q/k/v, bf16 within cosine 0.999 of fp32;
 #  2. the harness's gpu-served profile (perf/engine/served.py): build_endpoint as the Triton model
 #     does it (bf16, graphs, max_batch_tokens=auto, self-check), threads submitting concurrent
@@ -24,12 +25,13 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
     --out) OUT_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# PYTHONFAULTHANDLER: a step past its hard timeout gets SIGABRT (timeout -s ABRT) and prints every thread's stack.
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export GIT_COMMIT="${GIT_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || true)}"
 cd "$ROOT"
 if [[ -z "$OUT_DIR" ]]; then
@@ -63,9 +65,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 tests_status=0
 if "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
-  timeout 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
+  timeout -s ABRT -k 10 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
+    tests/unit/service/test_service_fatal.py tests/unit/runner/test_batched_equals_alone.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
   tests_status=$?
   tail -n 25 "$OUT_DIR/gpu_tests.log" >&2
@@ -76,12 +79,12 @@ else
 fi
 
 log "served path (Endpoint + BatchingService + CUDA engine with graphs): profile gpu-served"
-timeout 200 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout -s ABRT -k 10 200 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 served_status=${PIPESTATUS[0]}
 log "served exit status $served_status"
 
 log "low-latency scenario, engine only (graphs vs eager vs HF transformers): profile gpu-latency"
-timeout 90 "${PROFILE[@]}" gpu-latency --scale 0.5 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout -s ABRT -k 10 150 "${PROFILE[@]}" gpu-latency --scale 0.5 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 latency_status=${PIPESTATUS[0]}
 log "latency exit status $latency_status"
 [[ $tests_status == 0 && $served_status == 0 && $latency_status == 0 ]]

@@ -35,7 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--format", choices=("auto", "text", "jsonl"), default="auto")
     p.add_argument("--text-field", default="text")
     p.add_argument("--id-field", default="id")
-    p.add_argument("--model", default=ENSEMBLE)
+    p.add_argument("--model", default=ENSEMBLE,
+                   help="the Triton model to embed with: ensemble (the default model), or the name of a model served "
+                        "by name (its ensemble)")
     p.add_argument("--input-type", choices=("document", "query"), default="document")
     p.add_argument("--dimensions", type=int, default=0, help="keep the first N dimensions (0 = all)")
     p.add_argument("--no-normalize", action="store_true")

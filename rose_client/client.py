@@ -22,7 +22,8 @@ ProgressCallback = Callable[[int, int], None]  # (texts done, texts in the job)
 
 class EmbeddingClient:
     """Splits a job into token-sized chunks, spreads them over the replicas (gRPC
-    streaming on `model`), retries failures elsewhere, returns rows in input order.
+    streaming on `model`: `ensemble`, or a model served by name), retries failures elsewhere,
+    returns rows in input order.
     Request `parameters` (normalize, dimensions, input_type, truncate, priority_class) pass through;
     a job's chunks get the encoder's default class by their own size unless `priority_class` is set
     (the bulk tool sends batch).

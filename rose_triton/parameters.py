@@ -51,6 +51,17 @@ def load_config(config_cls, args: dict):
     return config_from_parameters(config_cls, config_parameters(args))
 
 
+def instance_device(args: dict, configured: str) -> str:
+    """The device a model instance runs on: a KIND_GPU instance on the GPU Triton placed it on
+    (`cuda:<model_instance_device_id>`, so `gpus: [0, 1]` gives one instance per GPU); any
+    other instance as configured (`device` parameter: auto, cpu, cuda, cuda:N)."""
+    if args.get("model_instance_kind") != "GPU":
+        return configured
+    if configured == "cpu":
+        raise ValueError("device=cpu on a KIND_GPU instance: use KIND_CPU, or device auto/cuda")
+    return f"cuda:{int(args['model_instance_device_id'])}"
+
+
 def read_model_config(path: str):
     """A config.pbtxt file as Triton reads it: a `ModelConfig` protobuf message."""
     from google.protobuf import text_format

@@ -3,8 +3,14 @@
 # command; the container runs it too). Installs what it needs first.
 #   scripts/serve.sh [--host ADDR] [--http-port N] [--grpc-port N]
 #                    [--metrics-port N] [--model-dir DIR] [--rerank-model-dir DIR]
+#                    [--model NAME=DIR ...] [--rerank-model NAME=DIR ...] [--models-file FILE]
 #                    [--model-repository DIR] [--gateway-port N] [--no-gateway]
 #                    [-- extra tritonserver flags]
+# --model-dir is the default embedder (models ensemble, embed, tokenizer, rose_encoder);
+# --model / --rerank-model (repeatable) and --models-file (JSON or YAML, with per-model
+# settings; also ROSE_MODELS_FILE) serve more embedders and rerankers beside it, each
+# under its own name: Triton models NAME, NAME_embed or NAME_score, NAME_tokenizer,
+# NAME_encoder; the gateway's `model` field picks them (rose_triton/models_file.py).
 # Beside Triton it starts the OpenAI-compatible gateway (python -m gateway) on
 # --host:--gateway-port (default 8080) unless --no-gateway. On a --host other
 # machines reach, the gateway needs API keys (ROSE_GATEWAY_API_KEYS or
@@ -14,7 +20,8 @@
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
 # e.g. ROSE_MAX_BATCH_TOKENS), ROSE_RERANK_MODEL_DIR (a reranker folder: also
 # serve `rerank` and `score`; ROSE_RERANK_<PARAMETER> overrides the reranker's
-# parameters), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
+# parameters), ROSE_MODEL_<NAME>_<PARAMETER> (a parameter of the model served
+# as NAME, upper-cased, other characters than A-Z 0-9 as _), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
 # ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_GATEWAY=0
 # (same as --no-gateway), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5),
@@ -25,7 +32,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
 MODEL_REPOSITORY="$ROOT/model_repository"
 GATEWAY="${ROSE_GATEWAY:-1}" GATEWAY_PORT=8080
-EXTRA=()
+EXTRA=() NAMED=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --host) HOST="$2"; shift 2 ;;
@@ -34,6 +41,9 @@ while [[ $# -gt 0 ]]; do
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --model-dir) export ROSE_MODEL_DIR="$2"; shift 2 ;;
     --rerank-model-dir) export ROSE_RERANK_MODEL_DIR="$2"; shift 2 ;;
+    --model) NAMED+=(--model "$2"); shift 2 ;;
+    --rerank-model) NAMED+=(--rerank-model "$2"); shift 2 ;;
+    --models-file) export ROSE_MODELS_FILE="$2"; shift 2 ;;
     --model-repository) MODEL_REPOSITORY="$2"; shift 2 ;;
     --gateway-port) GATEWAY_PORT="$2"; shift 2 ;;
     --no-gateway) GATEWAY=0; shift ;;
@@ -76,12 +86,11 @@ else
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 GATEWAY_ARGS=(--triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT")
-if [[ "$GATEWAY" == 1 ]]; then
-  python3 -m gateway.config "${GATEWAY_ARGS[@]}"  # its settings (keys for an open --host), before anything starts
-fi
 
-# Optional model sets (model_sets/<set>/) are served beside the base repository
-# in an assembled one (scripts/assemble_repository.py); without any, the base is served as is.
+# Optional model sets (model_sets/<set>/) and models served by name are served beside the
+# base repository in an assembled one (python3 -m rose_triton.repository); without any, the
+# base is served as is. With named models the assembled repository lists them in
+# served_models.json, which the gateway and the watchdog read.
 SETS=()
 if [[ -n "${ROSE_RERANK_MODEL_DIR:-}" ]]; then
   if [[ ! -f "$ROSE_RERANK_MODEL_DIR/config.json" ]]; then
@@ -90,11 +99,20 @@ if [[ -n "${ROSE_RERANK_MODEL_DIR:-}" ]]; then
   export ROSE_RERANK_MODEL_DIR="$(cd "$ROSE_RERANK_MODEL_DIR" && pwd)"
   SETS+=("$ROOT/model_sets/rerank")
 fi
-if [[ ${#SETS[@]} -gt 0 ]]; then
+SERVED_MODELS_ARGS=()
+if [[ ${#SETS[@]} -gt 0 || ${#NAMED[@]} -gt 0 || -n "${ROSE_MODELS_FILE:-}" ]]; then
   ASSEMBLED="$(mktemp -d "${TMPDIR:-/tmp}/rose-repository.XXXXXX")"
-  python3 "$ROOT/scripts/assemble_repository.py" "$ASSEMBLED" "$MODEL_REPOSITORY" "${SETS[@]}" >/dev/null
+  trap 'rm -rf "$ASSEMBLED"' EXIT  # links and small files; the exec paths below leave it behind
+  python3 -m rose_triton.repository "$ASSEMBLED" "$MODEL_REPOSITORY" "${SETS[@]}" "${NAMED[@]}" >/dev/null || exit 2
   MODEL_REPOSITORY="$ASSEMBLED"
-  trap 'rm -rf "$ASSEMBLED"' EXIT  # symlinks only; the exec paths below leave it behind (a few links)
+  if [[ -f "$ASSEMBLED/served_models.json" ]]; then
+    SERVED_MODELS_ARGS=(--models-file "$ASSEMBLED/served_models.json")
+  fi
+fi
+
+if [[ "$GATEWAY" == 1 ]]; then  # its settings (keys for an open --host, model names), before anything starts
+  python3 -m gateway.config "${GATEWAY_ARGS[@]}" --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" \
+    "${SERVED_MODELS_ARGS[@]}"
 fi
 
 echo "[serve] HTTP http://$HOST:$HTTP_PORT  gRPC $HOST:$GRPC_PORT  metrics http://$HOST:$METRICS_PORT/metrics" >&2
@@ -147,7 +165,8 @@ supervise_gateway() {
         exit 0' TERM
   while true; do
     started=$SECONDS
-    python3 -m gateway "${GATEWAY_ARGS[@]}" --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" &
+    python3 -m gateway "${GATEWAY_ARGS[@]}" --tokenizer-config "$MODEL_REPOSITORY/tokenizer/config.pbtxt" \
+      "${SERVED_MODELS_ARGS[@]}" &
     child=$!
     status=0; wait "$child" || status=$?
     if (( SECONDS - started >= 60 )); then delay=1; fi
@@ -168,7 +187,7 @@ while true; do
     python3 "$ROOT/scripts/watchdog.py" --pid "$TRITON_PID" --url "http://$HOST:$HTTP_PORT" \
       --metrics-url "http://$HOST:$METRICS_PORT/metrics" --interval "${ROSE_WATCHDOG_INTERVAL:-5}" \
       --timeout "${ROSE_WATCHDOG_TIMEOUT:-10}" --max-timeouts "${ROSE_WATCHDOG_MAX_TIMEOUTS:-3}" \
-      ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} &
+      ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} "${SERVED_MODELS_ARGS[@]}" &
     WATCHDOG_PID=$!
   fi
   status=0

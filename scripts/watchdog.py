@@ -1,4 +1,4 @@
-"""Restart a tritonserver whose Python model stub died or hangs (stdlib only).
+"""Restart a tritonserver whose Python model stub died or hangs (standard library and rose_wire only).
 
 Triton 2.51 neither restarts a dead Python-backend stub nor marks the server
 or model unready: every new request fails with "Stub process '<model>' is not
@@ -6,7 +6,8 @@ healthy" and requests in flight in a decoupled model hang. A stub that hangs
 while Triton still answers its health pings is no better. serve.sh runs this
 next to the server; every `--interval` s it sends one tiny real request to each
 served model at once (`ensemble`, `embed`; with a reranker also `rerank`,
-`score`). It stops the server when an answer names an unhealthy stub, or when
+`score`; with `--models-file`, the ensemble and unary front of every model served
+by name). It stops the server when an answer names an unhealthy stub, or when
 one model's probes get no answer within `--timeout` s `--max-timeouts` times in
 a row while its encoder answers nothing else either (a busy encoder is not a
 hung one: its `rose_requests_total` on `--metrics-url` moves). Stopping means
@@ -15,8 +16,9 @@ it that is still there (model stubs included: a SIGSTOPped stub acts on nothing
 else), so no process of the old server is left; it then exits with RESTART,
 which tells serve.sh to start a fresh server. Answered errors (overload, bad
 input) and refused connections (not listening yet) are not faults. While a test
-holds the encoder (ROSE_TEST_HOLD_FILE exists, docs/operations.md) it does not
-probe: a held probe would wait and add to the queue the test counts.
+holds the encoder or the tokenizer (ROSE_TEST_HOLD_FILE or ROSE_TEST_TOKENIZE_HOLD_FILE
+exists, docs/operations.md) it does not probe: a held probe would wait and add to the
+queue the test counts.
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from rose_wire.names import EMBEDDER, RERANKER
+from rose_wire.names import served_models as triton_names
+
 RESTART = 3
 DEAD_STUB = "is not healthy"
 # Probe outcomes: an answer (OK or an error), a dead stub, no answer in time, no connection.
@@ -44,16 +49,32 @@ PROBES = {"ensemble": TEXT, "embed": TEXT, "rerank": PAIR, "score": PAIR}
 ENCODER_OF = {"ensemble": "rose_encoder", "embed": "rose_encoder", "rerank": "rerank_encoder",
               "score": "rerank_encoder"}
 RERANK_MODELS = ("rerank", "score")
+ENCODER_OF_DEFAULT = dict(ENCODER_OF)
 ANSWERS = re.compile(r'^rose_requests_total\{[^}]*model="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE)
 
 
-def served_models(rerank: bool) -> list[str]:
-    return [m for m in PROBES if rerank or m not in RERANK_MODELS]
+def served_models(rerank: bool, named: list[str] = ()) -> list[str]:
+    return [m for m in PROBES if (rerank or m not in RERANK_MODELS) and (m in ENCODER_OF_DEFAULT or m in named)]
 
 
-def probe(url: str, model: str, timeout: float) -> tuple[str, str]:
-    """One tiny `generate` request to `model` -> (outcome, detail)."""
-    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=json.dumps(PROBES[model]).encode(),
+def named_targets(models_file: str) -> tuple[dict[str, dict], dict[str, str]]:
+    """The models served by name (a models file: the launcher's served_models.json) ->
+    ({model: probe body}, {model: its encoder}) for each one's ensemble and unary front."""
+    with open(models_file, encoding="utf-8") as f:
+        document = json.load(f)
+    probes, encoders = {}, {}
+    for section, kind, body in (("embedders", EMBEDDER, TEXT), ("rerankers", RERANKER, PAIR)):
+        for name in document.get(section) or {}:
+            models = triton_names(name, kind)
+            for model in (models.ensemble, models.front):
+                probes[model], encoders[model] = body, models.encoder
+    return probes, encoders
+
+
+def probe(url: str, model: str, timeout: float, body: dict | None = None) -> tuple[str, str]:
+    """One tiny `generate` request to `model` (`body`, default its PROBES entry) -> (outcome, detail)."""
+    body = PROBES[model] if body is None else body
+    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -116,10 +137,11 @@ class Judge:
         return ""
 
 
-def busy_models(models: list[str], before: dict | None, after: dict | None) -> set[str]:
+def busy_models(models: list[str], before: dict | None, after: dict | None,
+                encoder_of: dict[str, str] = ENCODER_OF) -> set[str]:
     if before is None or after is None:
         return set()
-    return {m for m in models if after.get(ENCODER_OF[m], 0.0) > before.get(ENCODER_OF[m], 0.0)}
+    return {m for m in models if after.get(encoder_of[m], 0.0) > before.get(encoder_of[m], 0.0)}
 
 
 def probe_round(pool: ThreadPoolExecutor, url: str, models: list[str], timeout: float,
@@ -216,13 +238,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-timeouts", type=int, default=3, help="timeouts in a row of one model that restart")
     parser.add_argument("--grace", type=float, default=2.0, help="SIGTERM to SIGKILL")
     parser.add_argument("--probe-rerank", action="store_true", help="also probe `rerank` and `score`")
+    parser.add_argument("--models-file", help="also probe the models served by name this models file lists")
     args = parser.parse_args(argv)
-    models = served_models(args.probe_rerank)
+    named: list[str] = []
+    if args.models_file:
+        probes, encoders = named_targets(args.models_file)
+        PROBES.update(probes)
+        ENCODER_OF.update(encoders)
+        named = list(probes)
+    models = served_models(args.probe_rerank, named)
     judge = Judge(models, args.max_timeouts)
-    hold_file = os.environ.get("ROSE_TEST_HOLD_FILE", "")
+    hold_files = [f for f in map(os.environ.get, ("ROSE_TEST_HOLD_FILE", "ROSE_TEST_TOKENIZE_HOLD_FILE")) if f]
     with ThreadPoolExecutor(len(models), thread_name_prefix="probe") as pool:
         while sleep_while_alive(args.pid, args.interval):
-            if hold_file and os.path.exists(hold_file):
+            if any(map(os.path.exists, hold_files)):
                 continue
             outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
             reason = judge.verdict(outcomes, busy)

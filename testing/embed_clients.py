@@ -1,4 +1,5 @@
-"""The three documented ways to embed texts with tritonclient (used by tests)."""
+"""The three documented ways to embed texts with tritonclient (used by tests). `model`: a
+model served by name (its ensemble is the name, its unary front name_embed: rose_wire.served_models)."""
 from __future__ import annotations
 
 import json
@@ -16,15 +17,16 @@ def _text_array(texts) -> np.ndarray:
     return np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=object)
 
 
-def embed_stream(grpc_url: str, texts, parameters: dict | None = None, timeout: float = 120) -> np.ndarray:
-    """gRPC streaming on the decoupled `ensemble`."""
+def embed_stream(grpc_url: str, texts, parameters: dict | None = None, timeout: float = 120,
+                 model: str = ENSEMBLE) -> np.ndarray:
+    """gRPC streaming on the decoupled `ensemble` (or `model`)."""
     client = grpcclient.InferenceServerClient(grpc_url)
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         text = grpcclient.InferInput(TEXT, [len(texts)], "BYTES")
         text.set_data_from_numpy(_text_array(texts))
-        client.async_stream_infer(ENSEMBLE, [text], parameters=parameters)
+        client.async_stream_infer(model, [text], parameters=parameters)
         result, error = results.get(timeout=timeout)
     finally:
         client.stop_stream()
@@ -34,32 +36,33 @@ def embed_stream(grpc_url: str, texts, parameters: dict | None = None, timeout: 
     return result.as_numpy(EMBEDDINGS)
 
 
-def embed_generate(http_url: str, texts, parameters: dict | None = None, timeout: float = 120) -> np.ndarray:
-    """HTTP `generate` on `ensemble`; the JSON reply is flat, reshaped to [N, D]."""
+def embed_generate(http_url: str, texts, parameters: dict | None = None, timeout: float = 120,
+                   model: str = ENSEMBLE) -> np.ndarray:
+    """HTTP `generate` on `ensemble` (or `model`); the JSON reply is flat, reshaped to [N, D]."""
     body = {TEXT: list(texts), **({"parameters": parameters} if parameters else {})}
-    request = urllib.request.Request(f"http://{http_url}/v2/models/{ENSEMBLE}/generate",
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/generate",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         reply = json.load(response)
     return np.asarray(reply[EMBEDDINGS], dtype=np.float32).reshape(len(texts), -1)
 
 
-def _infer_unary(protocol, client, texts, parameters: dict | None) -> np.ndarray:
+def _infer_unary(protocol, client, texts, parameters: dict | None, model: str = EMBED) -> np.ndarray:
     """`client.infer` on the unary `embed` model; `protocol` is tritonclient.grpc or .http."""
     try:
         text = protocol.InferInput(TEXT, [len(texts)], "BYTES")
         text.set_data_from_numpy(_text_array(texts))
-        return client.infer(EMBED, [text], parameters=parameters).as_numpy(EMBEDDINGS)
+        return client.infer(model, [text], parameters=parameters).as_numpy(EMBEDDINGS)
     finally:
         client.close()
 
 
-def embed_unary_grpc(grpc_url: str, texts, parameters: dict | None = None) -> np.ndarray:
-    """Plain `client.infer` over gRPC on the unary `embed` model."""
-    return _infer_unary(grpcclient, grpcclient.InferenceServerClient(grpc_url), texts, parameters)
+def embed_unary_grpc(grpc_url: str, texts, parameters: dict | None = None, model: str = EMBED) -> np.ndarray:
+    """Plain `client.infer` over gRPC on the unary `embed` model (or `model`)."""
+    return _infer_unary(grpcclient, grpcclient.InferenceServerClient(grpc_url), texts, parameters, model)
 
 
-def embed_unary_http(http_url: str, texts, parameters: dict | None = None) -> np.ndarray:
-    """Plain `client.infer` over HTTP on the unary `embed` model."""
+def embed_unary_http(http_url: str, texts, parameters: dict | None = None, model: str = EMBED) -> np.ndarray:
+    """Plain `client.infer` over HTTP on the unary `embed` model (or `model`)."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
-    return _infer_unary(httpclient, client, texts, parameters)
+    return _infer_unary(httpclient, client, texts, parameters, model)

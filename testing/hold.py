@@ -32,6 +32,36 @@ class EncoderHold:
         self.path.unlink(missing_ok=True)
 
 
+class TokenizerHold:
+    """The tokenizer's test-only hold (ROSE_TEST_TOKENIZE_HOLD_FILE, TokenizerConfig.test_tokenize_hold_file):
+    while held, a request waits before it is tokenized; `wait_entered` returns once one is inside."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / "tokenizer.hold"
+        self.entered = Path(f"{self.path}.entered")
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"ROSE_TEST_TOKENIZE_HOLD_FILE": str(self.path)}
+
+    def __enter__(self) -> "TokenizerHold":
+        self.entered.unlink(missing_ok=True)
+        self.path.touch()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def wait_entered(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.entered.exists():
+            assert time.monotonic() < deadline, f"no request reached the tokenizer's hold in {timeout}s"
+            time.sleep(0.01)
+
+
 def wait_for_metric(metrics_url: str, prefix: str, at_least: float, timeout: float = 60, why: str = "") -> float:
     """Poll the server's metrics until the samples starting with `prefix` sum to `at_least`
     (the encoder publishes every 0.5 s); fails the test after `timeout` s."""

@@ -1,6 +1,7 @@
 """Shared fixtures: one real tritonserver per session, the reference model."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -8,6 +9,9 @@ import threading
 import pytest
 
 from rose_triton.server import TritonServer, stop_all
+from rose_wire import RERANKER, served_models
+
+MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_server's models served by name
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,13 +41,15 @@ def server(tmp_path_factory, session_servers):
     It has an admin key (perf_analyzer needs the statistics API); the security
     tests check that requests without it are refused. The launcher's gateway
     runs beside it (`server.gateway_url`), as with `make serve`. `server.hold`: the encoder's
-    test-only hold (testing/hold.py), released unless a test holds it."""
-    from testing.hold import EncoderHold
+    test-only hold (testing/hold.py), released unless a test holds it; `server.tokenizer_hold`:
+    the tokenizer's."""
+    from testing.hold import EncoderHold, TokenizerHold
 
     folder = tmp_path_factory.mktemp("triton")
-    hold = EncoderHold(folder)
-    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True, env=hold.env)
-    instance.hold = hold
+    hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
+    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True,
+                            env={**hold.env, **tokenizer_hold.env})
+    instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     session_servers.append(instance)
     return instance
 
@@ -81,18 +87,30 @@ def replicas(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def qwen3_server(tmp_path_factory, session_servers):
-    """One launch for the Qwen3 family: a random-weight Qwen3 embedder (testing/qwen3_embedder.py)
-    as the served model and a random-weight Qwen3 yes/no reranker beside it. Tests only read
-    from it, except the reranker's stub-kill test, which waits for the restart."""
+def multi_server(tmp_path_factory, session_servers):
+    """One launch serving three models by name: the default all-MiniLM-L6-v2 (BERT; Triton
+    models ensemble, embed, tokenizer, rose_encoder; gateway name all-MiniLM-L6-v2), a
+    random-weight Qwen3 embedder (testing/qwen3_embedder.py) as `qwen3-embedder` from a models
+    file with its own settings, and a random-weight Qwen3 yes/no reranker as `qwen3-reranker`
+    (--rerank-model). Tests only read from it, except the reranker's stub-kill test, which
+    waits for the restart."""
     from testing.qwen3_embedder import save_qwen3_embedder
     from testing.tiny_rerankers import save_reranker
 
-    embedder = save_qwen3_embedder(tmp_path_factory.mktemp("qwen3_embedder"))
-    reranker = tmp_path_factory.mktemp("reranker-qwen3")
+    folder = tmp_path_factory.mktemp("multi")
+    (folder / "qwen3_embedder").mkdir()
+    embedder = save_qwen3_embedder(folder / "qwen3_embedder")
+    reranker = folder / "reranker-qwen3"
+    reranker.mkdir()
     save_reranker("qwen3", reranker)
-    instance = TritonServer(reranker / "server.log", env={"ROSE_MODEL_DIR": str(embedder.folder)},
-                            serve_args=["--rerank-model-dir", str(reranker)], gateway=True)
-    instance.embedder, instance.reranker_folder = embedder, reranker
+    models_file = folder / "models.json"
+    models_file.write_text(json.dumps({"embedders": {MULTI_EMBEDDER: {
+        "model_dir": "qwen3_embedder", "max_batch_tokens": 4096, "max_batch_sequences": 64}}}))
+    instance = TritonServer(folder / "server.log", gateway=True,
+                            serve_args=["--models-file", str(models_file),
+                                        "--rerank-model", f"{MULTI_RERANKER}={reranker}"])
+    instance.embedder, instance.reranker_folder, instance.models_file = embedder, reranker, models_file
+    instance.embedder_name, instance.reranker_name = MULTI_EMBEDDER, MULTI_RERANKER
+    instance.rerank_models = served_models(MULTI_RERANKER, RERANKER)
     session_servers.append(instance)
     return instance

@@ -1,6 +1,8 @@
 """ModelRunner: one loaded model on one device; `step(PackedBatch) -> LazyTensor`."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -22,13 +24,25 @@ GRAPH_MODES = ("auto", "on", "off")
 
 
 def resolve_device(name: str) -> torch.device:
-    if name in ("auto", "cuda"):
+    """auto | cpu | cuda | cuda:N (a Triton KIND_GPU instance's own GPU, rose_triton/parameters.py)."""
+    if name == "auto" or name.startswith("cuda"):
         check_cuda_fits()  # a GPU node whose driver does not fit this torch fails here, naming both
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda was asked for but torch sees no CUDA device")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={name} was asked for but torch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device={name}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    return device
+
+
+def on_device(device: torch.device):
+    """Make `device` current for this thread (CUDA's current device is per thread: the service
+    steps from its own threads), so streams, graph pools and events made here live on it."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -60,6 +74,8 @@ class ModelRunner:
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         self.model_dir = folder.path
         self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # this (loading) thread; step() sets it for the others
         self.dtype = resolve_dtype(dtype, self.device)
         cfg = folder.config
         cls = model_class(cfg)
@@ -159,10 +175,11 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Launch the forward pass; returns fp32 [num_seqs, output_dim] (pooled, not normalised; or logits)."""
-        pooled = self.graphs.run(batch) if self.graphs is not None else None
-        if pooled is None:
-            self.stats.eager_runs += 1
-            pooled = self.forward_eager(batch)
-        if self.device.type == "cuda":
-            return CudaLazyTensor(pooled, self._copy_stream)
+        with on_device(self.device):
+            pooled = self.graphs.run(batch) if self.graphs is not None else None
+            if pooled is None:
+                self.stats.eager_runs += 1
+                pooled = self.forward_eager(batch)
+            if self.device.type == "cuda":
+                return CudaLazyTensor(pooled, self._copy_stream)
         return ResolvedTensor(pooled.numpy())

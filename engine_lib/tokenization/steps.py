@@ -5,6 +5,9 @@ The tokenizer models (`tokenizer`, `rerank_tokenizer`) and the unary fronts
 directly, all run these steps, so both paths send the encoder the same ids."""
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -26,6 +29,16 @@ def _required(tensors: Tensors, name: str) -> np.ndarray:
     return array
 
 
+def wait_while_held(hold_file: str) -> None:
+    """Test-only gate (TokenizerConfig.test_tokenize_hold_file): while `hold_file` exists the
+    request waits; `<hold_file>.entered` is created first, so a test knows a request is inside."""
+    if not os.path.exists(hold_file):
+        return
+    Path(hold_file + ".entered").touch()
+    while os.path.exists(hold_file):
+        time.sleep(0.01)
+
+
 class TextStep:
     """TEXT -> INPUT_IDS + SEQ_LENS (request options: input_type, truncate)."""
     config_cls = TokenizerConfig
@@ -33,8 +46,11 @@ class TextStep:
 
     def __init__(self, config: TokenizerConfig):
         self.tokenizer = TextTokenizer(config.model_dir, config)
+        self.hold_file = config.test_tokenize_hold_file
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
+        if self.hold_file:
+            wait_while_held(self.hold_file)
         options = RequestOptions.from_parameters(parameters)
         texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
         input_ids, seq_lens = self.tokenizer.encode(texts, options)

@@ -12,6 +12,7 @@ a capture stand-in that re-runs the step), to check the profile itself.
 from __future__ import annotations
 
 import datetime
+import json
 import tempfile
 
 import numpy as np
@@ -27,6 +28,7 @@ from .common import QWEN3_EMBEDDING_0_6B, TINY_QWEN3, model_record, rerun_captur
 
 LENGTHS, ITERS, WARMUP = (128, 512, 4096), 200, 5  # warm-up >= 3: eager, capture, replay; timed runs are replays
 DRY_LENGTHS, DRY_ITERS, DRY_WARMUP = (8, 40), 1, 3
+OURS = ("rose", "rose-eager")  # judged by the cosine check; the peers' figures are only reported
 LABELS = {"rose": "ours: ModelRunner.step with CUDA graphs", "rose-eager": "ours: ModelRunner.step, eager",
           "hf-transformers": "HF transformers Qwen3Model forward, last token"}
 
@@ -93,12 +95,17 @@ def measure(args, out_json, machine: dict) -> dict:
         hf_model = model.to(torch.float32 if args.dry_run else torch.bfloat16)
         common = dict(device=device.type, dtype="float32" if args.dry_run else "bfloat16")
         graph_options = dict(attention_backend="masked", graph_capture=rerun_capture) if args.dry_run else {}
+        common["self_check"] = False  # the warm-up checks every system against fp32 transformers instead
         eager = ModelRunner(folder, cuda_graphs="off", **common)
         graphs = graph_engine(folder, max([4096, *(c.seq_len for c in chosen)]), common, graph_options)
     systems = {"rose": engine_embed(graphs), "rose-eager": engine_embed(eager),
                "hf-transformers": hf_embed(hf_model, device)}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    entries = [c.entry(time_cell(c, systems, inputs[c.key], expected[c.key], warmup, sync)) for c in chosen]
+    entries = []
+    for cell in chosen:  # each finished cell is on disk at once: a run cut short keeps what it measured
+        entries.append(cell.entry(time_cell(cell, systems, inputs[cell.key], expected[cell.key], warmup, sync)))
+        out_json.write_text(json.dumps({"profile": "gpu-latency", "partial": True, "machine": machine,
+                                        "cells": entries}, indent=1))
     worst = {name: min(e["results"][name]["min_cosine"] for e in entries) for name in systems}
     return {
         "profile": "gpu-latency" + ("-dry-run" if args.dry_run else ""),
@@ -108,13 +115,14 @@ def measure(args, out_json, machine: dict) -> dict:
                   f"graph counters {vars(graphs.stats)}",
                   "min warm-up cosine vs fp32 transformers: " + ", ".join(f"{n} {c:.6f}" for n, c in worst.items()),
                   f"{warmup} warm-up runs per system and length, then timed runs"],
-        "check": (f"Every system's warm-up output was checked against fp32 transformers (cosine >= {MIN_COSINE}); "
-                  "a failed check still times the cell and fails the run."),
+        "check": (f"Every system's warm-up output was checked against fp32 transformers; ours must reach cosine >= "
+                  f"{MIN_COSINE} (a failed check still times the cell and fails the run); bf16 transformers' own "
+                  "figure is reported, not judged."),
         "machine": machine,
         "model": model_record(shape, args.dry_run),
         "targets": {name: {"label": LABELS[name], "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}}
                     for name in systems},
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         "cells": entries, "graph_stats": vars(graphs.stats), "dry_run": args.dry_run,
-        "ok": all(c >= MIN_COSINE for c in worst.values()),
+        "ok": all(worst[name] >= MIN_COSINE for name in OURS),
     }

@@ -42,11 +42,11 @@ def test_start_command_is_the_local_launcher():
     assert all(arg.startswith("--") for arg in command[4:])  # tritonserver flags only
     assert "ENTRYPOINT" not in dict(instructions())  # the base image's entrypoint execs CMD
     assert only("WORKDIR") == "/opt/rose"
-    # the launcher, the watchdog it starts (serve.sh runs without it, with a warning) and
-    # the repository assembly behind --rerank-model-dir / ROSE_RERANK_MODEL_DIR with its model sets
+    # the launcher, the watchdog it starts (serve.sh runs without it, with a warning), the
+    # repository assembly behind --rerank-model-dir and models served by name (rose_triton/) with its model sets
     copies = [args for kw, args in instructions() if kw == "COPY"]
-    assert "scripts/serve.sh scripts/watchdog.py scripts/assemble_repository.py scripts/" in copies
-    assert "model_sets/ model_sets/" in copies
+    assert "scripts/serve.sh scripts/watchdog.py scripts/" in copies
+    assert {"model_sets/ model_sets/", "rose_triton/ rose_triton/"} <= set(copies)
     assert image_env()["ROSE_SKIP_SETUP"] == "1"
     copied = [args for kw, args in instructions() if kw == "COPY"]
     assert {"gateway/ gateway/", "rose_client/ rose_client/", "rose_wire/ rose_wire/"} <= set(copied)  # the gateway role
@@ -85,7 +85,8 @@ def test_runs_as_non_root_with_a_healthcheck_and_no_secrets():
     assert {".git", ".venv", "build"} <= set(ignored)
 
 
-@pytest.mark.parametrize("package", ["engine_lib", "model_repository", "model_sets", "gateway", "rose_client", "rose_wire"])
+@pytest.mark.parametrize("package", ["engine_lib", "model_repository", "model_sets", "gateway", "rose_client", "rose_wire",
+                                     "rose_triton", "scripts"])
 def test_server_code_parses_as_the_images_python_310(package):
     for path in (REPO / package).rglob("*.py"):
         ast.parse(path.read_text(), str(path), feature_version=(3, 10))

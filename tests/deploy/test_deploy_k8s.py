@@ -208,3 +208,36 @@ def test_gateway_drains_within_its_grace_period(monkeypatch):
     monkeypatch.setenv("ROSE_GATEWAY_API_KEYS", "from-the-secret")  # on 0.0.0.0 it starts only with keys
     config = parse_args(gateway_container()["command"][3:])
     assert int(pre_stop[1]) + config.request_timeout_s < pod["terminationGracePeriodSeconds"]
+
+
+def test_both_roles_read_one_models_file_from_a_configmap(monkeypatch, tmp_path):
+    """The Triton pods (serve.sh) and the gateway pods read ROSE_MODELS_FILE from the same
+    ConfigMap key; the shipped file serves nothing by name, and its commented example reads."""
+    from gateway.config import parse_args
+    from rose_triton.models_file import check_models, model_configs, read_models_file
+
+    configmap = load("models-configmap.yaml")
+    paths = set()
+    for name in ("deployment.yaml", "gateway-deployment.yaml"):
+        pod = load(name)["spec"]["template"]["spec"]
+        (container_,) = pod["containers"]
+        path = {e["name"]: e.get("value") for e in container_["env"]}["ROSE_MODELS_FILE"]
+        (mount,) = [m for m in container_["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert mount["readOnly"] and volume["configMap"]["name"] == configmap["metadata"]["name"]
+        assert path[len(mount["mountPath"]) + 1:] in configmap["data"]
+        paths.add(path)
+    (path,) = paths
+    text = configmap["data"][path.rsplit("/", 1)[1]]
+    (tmp_path / "models.yaml").write_text(text)
+    assert read_models_file(str(tmp_path / "models.yaml")) == []
+    example = "\n".join(line.replace("# ", "", 1) for line in text.split("# For example:\n", 1)[1].splitlines())
+    (tmp_path / "example.yaml").write_text(example)
+    models = read_models_file(str(tmp_path / "example.yaml"))
+    assert [m.name for m in models] == ["bge-m3", "bge-reranker"]
+    check_models(models)
+    for model in models:
+        model_configs(model, {})
+    monkeypatch.setenv("ROSE_MODELS_FILE", path)
+    monkeypatch.setenv("ROSE_GATEWAY_API_KEYS", "from-the-secret")
+    assert parse_args(gateway_container()["command"][3:]).models_file == path

@@ -1,14 +1,14 @@
 """rose_client and the bulk tool against two real tritonservers on loopback.
 
 Replica A is the session's server, replica B starts here. The last test kills B.
-The session's Qwen3 server plays "another model" for the bulk tool's resume check.
+The Qwen3 embedder served by name in the session's multi-model launch plays "another
+model" for the bulk tool's resume check (--model NAME).
 """
 import os
 import random
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -54,24 +54,37 @@ def test_request_parameters_pass_through(replicas):
     np.testing.assert_allclose(rows, embed_stream(replicas[0].grpc_url, texts, params), rtol=0, atol=1e-6)
 
 
-def bulk_command(input_path, output_path, replicas):
+def bulk_command(input_path, output_path, replicas, model=None):
     urls = [arg for r in replicas for arg in ("--url", r.grpc_url)]
     return [sys.executable, "-m", "rose_client.bulk", str(input_path), str(output_path), *urls,
-            "--max-chunk-tokens", "512", "--max-inflight", "2", "--no-progress"]
+            "--max-chunk-tokens", "512", "--max-inflight", "2", "--no-progress", *(["--model", model] if model else [])]
+
+
+KILLED_AFTER_8_CHUNKS = """
+import os, signal, sys
+from rose_client import bulk
+from rose_client.store import ResumableOutput
+real_write, written = ResumableOutput.write, []
+def write_8_then_die(self, chunk, rows):
+    if len(written) == 8:
+        os.kill(os.getpid(), signal.SIGKILL)
+    written.append(chunk.index)
+    real_write(self, chunk, rows)
+ResumableOutput.write = write_8_then_die
+sys.exit(bulk.main(sys.argv[1:]))
+"""
 
 
 def test_bulk_interrupted_and_resumed_writes_the_same_rows(replicas, single_server_rows, tmp_path):
+    """The first run is SIGKILLed (by itself, at its ninth chunk's write: the same point on any
+    machine); the same command resumes and writes the rows one uninterrupted run writes."""
     input_path, output_path = tmp_path / "docs.txt", tmp_path / "vectors.npy"
     input_path.write_text("".join(t + "\n" for t in TEXTS))
     journal = tmp_path / "vectors.npy.journal"
     command = bulk_command(input_path, output_path, replicas)
-    first = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not (journal.exists() and journal.read_text().count("\n") > 8) and time.monotonic() < deadline:
-        assert first.poll() is None, first.stderr.read().decode()
-        time.sleep(0.02)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    first = subprocess.run([sys.executable, "-c", KILLED_AFTER_8_CHUNKS, *command[3:]], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr
     done_before = journal.read_text().count("\n") - 1  # minus the header line
     assert not output_path.exists()
 
@@ -79,16 +92,17 @@ def test_bulk_interrupted_and_resumed_writes_the_same_rows(replicas, single_serv
     assert second.returncode == 0, second.stderr
     resumed = int(second.stderr.split("resuming: ")[1].split(" of ")[0])
     total = int(second.stderr.split(" of ")[1].split(" chunks")[0])
-    assert done_before <= resumed < total
+    assert done_before == resumed == 8 < total
     np.testing.assert_allclose(np.load(output_path), single_server_rows, rtol=0, atol=1e-6)
     assert sorted(os.listdir(tmp_path)) == ["docs.txt", "vectors.npy"]
 
 
-def test_bulk_resumed_against_another_model_is_refused(replicas, qwen3_server, single_server_rows, tmp_path,
+def test_bulk_resumed_against_another_model_is_refused(replicas, multi_server, single_server_rows, tmp_path,
                                                        monkeypatch, capsys):
     """The first run stops after two chunks (a full disk, injected in this process); the
-    same command against the Qwen3 server, or against both models, is refused and leaves the
-    files as they were; against the first model it resumes and writes the same rows."""
+    same job on the Qwen3 embedder served by name (--model), on the multi-model server alone or
+    beside a replica that lacks that model (not used, with a warning), is refused and leaves
+    the files as they were; against the first model it resumes and writes the same rows."""
     texts = TEXTS[:120]
     input_path, output_path = tmp_path / "docs.txt", tmp_path / "vectors.npy"
     input_path.write_text("".join(t + "\n" for t in texts))
@@ -106,10 +120,11 @@ def test_bulk_resumed_against_another_model_is_refused(replicas, qwen3_server, s
     monkeypatch.undo()
     capsys.readouterr()
     kept = {p: p.read_bytes() for p in (tmp_path / "vectors.npy.journal", tmp_path / "vectors.npy.partial.npy")}
-    for others in ([qwen3_server], [replicas[0], qwen3_server]):
-        refused = subprocess.run(bulk_command(input_path, output_path, others), cwd=REPO, capture_output=True,
-                                 text=True, timeout=120)
+    for others in ([multi_server], [replicas[0], multi_server]):
+        refused = subprocess.run(bulk_command(input_path, output_path, others, multi_server.embedder_name), cwd=REPO,
+                                 capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and "error: ModelMismatch: " in refused.stderr, refused.stderr
+        assert (f"{replicas[0].grpc_url} did not answer the model probe" in refused.stderr) == (len(others) == 2)
         assert {p: p.read_bytes() for p in kept} == kept
     resumed = subprocess.run(bulk_command(input_path, output_path, replicas), cwd=REPO, capture_output=True,
                              text=True, timeout=120)

@@ -10,6 +10,7 @@ import concurrent.futures
 import http.client
 import json
 import random
+import signal
 import socket
 import time
 import urllib.request
@@ -342,3 +343,30 @@ def test_dimensions_past_int64_is_400_and_the_gateway_serves_on(server, tmp_path
         assert len(embed(own.url, ["still served"])) == 1
     finally:
         own.stop()
+
+
+def test_sigterm_drains_requests_in_flight_and_refuses_new_connections(server, alone, tmp_path):
+    """A gateway told to stop (SIGTERM, as Kubernetes does after preStop) while a request waits in
+    the held encoder: it stops accepting connections, answers the request in flight with its rows
+    once the encoder is released, then exits."""
+    (tmp_path / "keys").write_text(KEY)
+    draining = GatewayProcess(tmp_path / "gateway.log", [server.grpc_url], ["--api-key-file", str(tmp_path / "keys")])
+    try:
+        with server.hold, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(embed, draining.url, GOOD_TEXTS[:3])
+            deadline = time.monotonic() + 60
+            while metric(draining.url, "gateway_active_requests") < 1:
+                assert time.monotonic() < deadline, "the request never reached the gateway"
+                time.sleep(0.05)
+            draining.process.terminate()
+            while draining.health() is not None:  # the listening socket closes first
+                assert time.monotonic() < deadline, "the gateway kept accepting connections after SIGTERM"
+                time.sleep(0.05)
+            assert not in_flight.done() and draining.process.poll() is None
+            server.hold.release()
+            rows = in_flight.result(timeout=120)
+        np.testing.assert_allclose(rows, np.stack([alone[t] for t in GOOD_TEXTS[:3]]), atol=1e-5)
+        # uvicorn re-raises the signal once its graceful shutdown is done: "killed" by SIGTERM after draining
+        assert draining.process.wait(60) in (0, -signal.SIGTERM), draining.log_tail()
+    finally:
+        draining.stop()

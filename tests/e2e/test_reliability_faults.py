@@ -1,8 +1,8 @@
 """Overload and faults on a second real server with small queue limits:
 admission control, the bounded tokenizer queue, the admin key, and a killed
 encoder stub (the watchdog restarts the server). The kill test runs last.
-Work that must still be in flight is kept there by the encoder's test-only hold
-(testing/hold.py), so the verdicts do not depend on the machine's speed."""
+Work that must still be in flight is kept there by the encoder's or the tokenizer's
+test-only hold (testing/hold.py), so the verdicts do not depend on the machine's speed."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ from engine_lib.tokenization.text import TextTokenizer
 from rose_triton.server import REPO, TritonServer
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
 from testing.gateway_process import GatewayProcess
-from testing.hold import EncoderHold, wait_for_metric
+from testing.hold import EncoderHold, TokenizerHold, wait_for_metric
 from testing.reliability_helpers import children, encode_ids, metric_value
 from testing.texts import LONG_TEXTS, MEDIUM_TEXTS
 
@@ -62,12 +62,13 @@ def small_limits_repository(dest):
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
     folder = tmp_path_factory.mktemp("limited")
-    hold = EncoderHold(folder)
+    hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
     instance = TritonServer(folder / "server.log", serve_args=["--model-repository",
                                                                str(small_limits_repository(folder / "repo"))],
-                            env={"ROSE_ADMIN_KEY": ADMIN_KEY, "ROSE_WATCHDOG_INTERVAL": "1", **hold.env},
+                            env={"ROSE_ADMIN_KEY": ADMIN_KEY, "ROSE_WATCHDOG_INTERVAL": "1", **hold.env,
+                                 **tokenizer_hold.env},
                             gateway=True)
-    instance.hold = hold
+    instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     yield instance
     instance.stop()
 
@@ -127,52 +128,55 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
                     why="(rose_refused_total never counted the refusals)")
 
 
-def test_tokenizer_queue_is_bounded(limited):
-    slow_text = "x" * (512 << 10)  # one 512 KiB word: tokenizing it takes most of a second
-
-    def one(_):
-        try:
-            embed_stream(limited.grpc_url, [slow_text])
-            return None
-        except InferenceServerException as exc:
-            return exc
-
-    with ThreadPoolExecutor(8) as pool:
-        errors = [e for e in pool.map(one, range(8)) if e is not None]
-    assert errors, "8 concurrent requests never overflowed a tokenizer queue of 2"
-    assert all("Exceeds maximum queue size" in str(e) for e in errors), errors[0]
+TOKENIZER_HOLDS = 1 + 2  # the tokenizer's one instance + its queue of 2 (LIMITS)
+EMBED_HOLDS = 4 + 2  # the embed front's four instances (each tokenizes, so each is held) + its queue of 2
 
 
-def flood(way, url, texts, count):
-    """`count` concurrent calls -> the client errors they got."""
-    def one(_):
+def held_flood(hold, way, url, texts, count, can_hold):
+    """`count` concurrent calls while the tokenizer is held, where at most `can_hold` calls can wait:
+    -> (the first count - can_hold outcomes, all answered while held; the rest, after the release).
+    An outcome is None (answered) or the client's error."""
+    outcomes: queue.Queue = queue.Queue()
+
+    def one():
         try:
             way(url, texts)
-            return None
+            outcomes.put(None)
         except (InferenceServerException, urllib.error.HTTPError) as exc:
-            return exc
+            outcomes.put(exc)
 
-    with ThreadPoolExecutor(count) as pool:
-        return [e for e in pool.map(one, range(count)) if e is not None]
+    with hold:
+        for _ in range(count):
+            threading.Thread(target=one, daemon=True).start()
+        while_held = [outcomes.get(timeout=60) for _ in range(count - can_hold)]
+    return while_held, [outcomes.get(timeout=120) for _ in range(can_hold)]
+
+
+def test_tokenizer_queue_is_bounded(limited):
+    refused, released = held_flood(limited.tokenizer_hold, embed_stream, limited.grpc_url, ["held"], 8,
+                                   TOKENIZER_HOLDS)
+    assert all(e is not None and "Exceeds maximum queue size" in str(e) for e in refused), refused
+    assert None in released  # the held ones are answered once released (a watchdog probe may have taken a place)
+    assert all(e is None or "Exceeds maximum queue size" in str(e) for e in released), released
 
 
 @pytest.mark.parametrize("way, status", [(embed_unary_grpc, "StatusCode.UNAVAILABLE"), (embed_unary_http, 503)])
 def test_unary_front_queue_is_bounded_and_reads_unavailable(limited, way, status):
     url = limited.grpc_url if "grpc" in way.__name__ else limited.http_url
-    errors = flood(way, url, MEDIUM_TEXTS, 12)
-    assert errors, "12 concurrent unary calls never overflowed the embed queue of 2"
-    for error in errors:
-        assert "Exceeds maximum queue size" in str(error)
+    refused, released = held_flood(limited.tokenizer_hold, way, url, MEDIUM_TEXTS, 12, EMBED_HOLDS)
+    for error in refused:
+        assert error is not None and "Exceeds maximum queue size" in str(error), error
         assert (error.status() if status != 503 else int(error.status())) == status
+    assert None in released
 
 
 def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
-    texts = [t + " overload" for t in LONG_TEXTS] + LONG_TEXTS[:1]  # ~1000 tokens: 3 fill the queue
-    errors = flood(embed_generate, limited.http_url, texts, 12)
-    assert errors, "12 concurrent generate calls never overflowed a queue"
-    for code, body in [(e.code, e.read().decode()) for e in errors]:
-        assert code == 400  # Triton 2.51's generate answers every error with 400
-        assert "overloaded: encoder queue is full" in body or "Exceeds maximum queue size" in body, body
+    refused, released = held_flood(limited.tokenizer_hold, embed_generate, limited.http_url, MEDIUM_TEXTS, 8,
+                                   TOKENIZER_HOLDS)
+    for error in refused:
+        assert error is not None and error.code == 400, error  # Triton 2.51's generate answers every error with 400
+        assert "Exceeds maximum queue size" in error.read().decode()
+    assert None in released
 
 
 def test_unary_front_tokenizes_with_the_tokenizer_models_config(limited):
@@ -209,7 +213,12 @@ def test_memory_stays_bounded_under_a_flood(limited, model_dir, record_property)
     before, _ = server_rss_mib(limited.process.pid)
     started = time.monotonic()
     with ThreadPoolExecutor(32) as pool:
-        outcomes = list(pool.map(lambda _: encode_ids(limited.grpc_url, input_ids, seq_lens)[1], range(400)))
+        with limited.hold:  # at most max_queued_requests (6) wait; every other request is refused meanwhile
+            futures = [pool.submit(lambda: encode_ids(limited.grpc_url, input_ids, seq_lens)[1]) for _ in range(400)]
+            for answered, _ in enumerate(as_completed(futures, timeout=300), start=1):
+                if answered == 400 - 6:
+                    break
+        outcomes = [f.result(timeout=120) for f in futures]
     refused = sum(e is not None for e in outcomes)
     after, peak = server_rss_mib(limited.process.pid)
     summary = (f"flood: 400 requests of {int(seq_lens.sum())} tokens from 32 threads in "
@@ -217,7 +226,7 @@ def test_memory_stays_bounded_under_a_flood(limited, model_dir, record_property)
                f"{after:.0f} MiB after, peak {peak:.0f} MiB")
     print(summary)
     record_property("flood", summary)
-    assert refused > 200 and all("overloaded" in str(e) for e in outcomes if e is not None)
+    assert refused >= 400 - 6 and all("overloaded" in str(e) for e in outcomes if e is not None)
     assert after - before < 200, summary
 
 

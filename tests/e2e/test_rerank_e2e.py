@@ -1,11 +1,13 @@
-"""Rerankers served by a real tritonserver beside an embedder (scripts/serve.sh --rerank-model-dir).
+"""Rerankers served by a real tritonserver beside embedders.
 
-One server per family: a random-weight BERT cross-encoder beside the default
-embedder (this module's own), and a random-weight Qwen3-style yes/no judge
-beside a random-weight Qwen3 embedder (the session's `qwen3_server`, shared
-with test_qwen3_e2e.py): every path (gRPC streaming and HTTP generate on
-`rerank`, unary `score` over HTTP and gRPC) against transformers on the same
-folder; bad inputs; concurrent mixed embed + rerank requests.
+One server per family: a random-weight BERT cross-encoder as the default reranker
+(scripts/serve.sh --rerank-model-dir: models `rerank`, `score`, `rerank_encoder`; this
+module's own server), and a random-weight Qwen3-style yes/no judge served by name
+(--rerank-model qwen3-reranker=DIR: models `qwen3-reranker`, `qwen3-reranker_score`,
+`qwen3-reranker_encoder`) in the session's multi-model launch (`multi_server`): every
+path (gRPC streaming and HTTP generate on the ensemble, the unary front over HTTP and
+gRPC, the gateway by `model`) against transformers on the same folder; bad inputs;
+concurrent mixed embed + rerank requests.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from rose_triton.server import REPO, TritonServer
-from rose_wire import INVALID_ARG, decode
+from rose_wire import DEFAULT_RERANKER, INVALID_ARG, decode
 from testing.embed_clients import embed_stream
 from testing.tiny_rerankers import reference_scores, save_reranker
 
@@ -38,15 +40,21 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
 @pytest.fixture(scope="module", params=["bert", "qwen3"])
 def served(request, tmp_path_factory):
     if request.param == "qwen3":
-        server = request.getfixturevalue("qwen3_server")
+        server = request.getfixturevalue("multi_server")
         yield "qwen3", server.reranker_folder, server
         return
     folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
     save_reranker(request.param, folder)
     server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True,
                           env={"ROSE_WATCHDOG_INTERVAL": "1"})  # its last test waits for the watchdog's restart
+    server.rerank_models = DEFAULT_RERANKER
     yield request.param, folder, server
     server.stop()
+
+
+def models(server):
+    """The reranker's Triton models on `server`: rerank, score, ... or the named model's."""
+    return server.rerank_models
 
 
 def _array(texts):
@@ -66,7 +74,8 @@ def rerank_stream(server, query, docs, params=None, query_shape=None):
     replies: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: replies.put((result, error)))
     try:
-        client.async_stream_infer("rerank", _inputs(grpcclient, query, docs, query_shape), parameters=params)
+        client.async_stream_infer(models(server).ensemble, _inputs(grpcclient, query, docs, query_shape),
+                                  parameters=params)
         result, error = replies.get(timeout=120)
     finally:
         client.stop_stream()
@@ -78,7 +87,7 @@ def rerank_stream(server, query, docs, params=None, query_shape=None):
 
 def rerank_generate(server, query, docs, params=None):
     body = {"QUERY": query, "DOCUMENTS": docs, **({"parameters": params} if params else {})}
-    request = urllib.request.Request(f"http://{server.http_url}/v2/models/rerank/generate",
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{models(server).ensemble}/generate",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
         return np.asarray(json.load(response)["SCORES"], dtype=np.float32)
@@ -88,7 +97,7 @@ def score_unary(server, query, docs, params=None, protocol=httpclient):
     url = server.http_url if protocol is httpclient else server.grpc_url
     client = protocol.InferenceServerClient(url)
     try:
-        return client.infer("score", _inputs(protocol, query, docs), parameters=params).as_numpy("SCORES")
+        return client.infer(models(server).front, _inputs(protocol, query, docs), parameters=params).as_numpy("SCORES")
     finally:
         client.close()
 
@@ -108,7 +117,8 @@ def test_every_path_matches_reference(served):
 
 
 def test_gateway_rerank_endpoint_matches_reference(served):
-    """POST /v1/rerank on the launcher's gateway (Cohere/Jina shape) over the `rerank` ensemble."""
+    """POST /v1/rerank on the launcher's gateway (Cohere/Jina shape) over the reranker's ensemble, by
+    `model` (the default reranker's name is `rerank`) and without it (the one reranker served)."""
     kind, folder, server = served
 
     def rerank(body):
@@ -118,7 +128,8 @@ def test_gateway_rerank_endpoint_matches_reference(served):
             return json.load(response)["results"]
 
     probs, logits = reference_scores(kind, folder, QUERY, DOCS)
-    results = rerank({"model": "rerank", "query": QUERY, "documents": DOCS, "top_n": 3})
+    name = "rerank" if kind == "bert" else server.reranker_name
+    results = rerank({"model": name, "query": QUERY, "documents": DOCS, "top_n": 3})
     assert [r["index"] for r in results] == list(np.argsort(-probs, kind="stable")[:3])
     for r in results:
         assert abs(r["relevance_score"] - probs[r["index"]]) < 1e-3 and r["document"]["text"] == DOCS[r["index"]]
@@ -127,9 +138,9 @@ def test_gateway_rerank_endpoint_matches_reference(served):
     assert len(raw) == len(DOCS) and all("document" not in r for r in raw)
     np.testing.assert_allclose([r["relevance_score"] for r in sorted(raw, key=lambda r: r["index"])], logits,
                                rtol=1e-3, atol=1e-5)
-    embedder = "all-MiniLM-L6-v2" if kind == "bert" else server.embedder.folder.name  # named after its folder
+    embedders = ["all-MiniLM-L6-v2"] + ([] if kind == "bert" else [server.embedder_name])
     with urllib.request.urlopen(f"{server.gateway_url}/v1/models", timeout=10) as response:
-        assert [m["id"] for m in json.load(response)["data"]] == [embedder, "rerank"]
+        assert [m["id"] for m in json.load(response)["data"]] == [*embedders, name]
 
 
 def test_long_document_is_cut_and_query_kept(served):
@@ -205,9 +216,9 @@ def test_wrong_datatype_and_generate_errors_are_named(served):
     docs = httpclient.InferInput("DOCUMENTS", [2], "INT32")
     docs.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
     with pytest.raises(InferenceServerException, match="DOCUMENTS"):
-        client.infer("score", [_inputs(httpclient, [QUERY], ["x"])[0], docs])
+        client.infer(models(server).front, [_inputs(httpclient, [QUERY], ["x"])[0], docs])
     with pytest.raises(InferenceServerException, match="QUERY"):
-        client.infer("score", [_inputs(httpclient, [QUERY], ["x"])[1]])
+        client.infer(models(server).front, [_inputs(httpclient, [QUERY], ["x"])[1]])
     client.close()
     with pytest.raises(urllib.error.HTTPError) as caught:
         rerank_generate(server, [QUERY], [])
@@ -224,7 +235,7 @@ def test_pre_tokenized_token_types_must_match(served):
         tensor = grpcclient.InferInput(name, [len(values)], "INT64")
         tensor.set_data_from_numpy(np.array(values, dtype=np.int64))
         tensors.append(tensor)
-    client.async_stream_infer("rerank_encoder", tensors)
+    client.async_stream_infer(models(server).encoder, tensors)
     error = errors.get(timeout=60)
     client.stop_stream()
     assert error is not None and "TOKEN_TYPE_IDS" in str(error)
@@ -265,27 +276,44 @@ def test_concurrent_embed_and_rerank_nothing_crosses(served):
 
 
 def test_readme_reranking_example_runs(served, capsys):
-    """The README's Reranking block, verbatim (ports substituted)."""
+    """The README's Reranking block, verbatim (ports substituted; a reranker served by name: its model names)."""
     _, _, server = served
     section = (REPO / "README.md").read_text().split("## Reranking", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
     code = code.replace("localhost:8000", server.http_url).replace("localhost:8001", server.grpc_url)
+    names = models(server)
+    code = code.replace('"rerank"', f'"{names.ensemble}"').replace("/models/rerank/", f"/models/{names.ensemble}/")
+    code = code.replace('"score"', f'"{names.front}"')
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 3 and all(re.match(r"[01]\.\d{3}  \S", line) for line in printed), printed
 
 
 def test_every_served_model_answers_the_watchdogs_probe(served):
-    """scripts/watchdog.py probes `ensemble`, `embed`, `rerank` and `score`: each probe gets a real
-    answer on a healthy server (a probe that always failed would tell a hang from nothing)."""
+    """scripts/watchdog.py probes `ensemble`, `embed`, and `rerank`, `score` with --rerank-model-dir,
+    and the ensemble and unary front of every model served by name (the launcher passes it the
+    assembled repository's served_models.json): each probe gets a real answer on a healthy server
+    (a probe that always failed would tell a hang from nothing)."""
     import importlib.util
+
+    from testing.reliability_helpers import children
 
     spec = importlib.util.spec_from_file_location("watchdog", REPO / "scripts" / "watchdog.py")
     watchdog = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(watchdog)
-    _, _, server = served
-    for model in watchdog.served_models(rerank=True):
-        assert watchdog.probe(f"http://{server.http_url}", model, 60) == (watchdog.OK, ""), model
+    kind, _, server = served
+    (command,) = [c[1] for c in children(server.process.pid) if "scripts/watchdog.py" in c[1]]
+    if kind == "bert":
+        assert "--probe-rerank" in command and "--models-file" not in command
+        probes = {m: watchdog.PROBES[m] for m in watchdog.served_models(rerank=True)}
+    else:
+        assert "--probe-rerank" not in command
+        named, _ = watchdog.named_targets(command.split("--models-file ")[1].split()[0])
+        assert set(named) == {server.embedder_name, server.embedder_name + "_embed", server.reranker_name,
+                              server.reranker_name + "_score"}
+        probes = {**{m: watchdog.PROBES[m] for m in watchdog.served_models(rerank=False)}, **named}
+    for model, body in probes.items():
+        assert watchdog.probe(f"http://{server.http_url}", model, 60, body) == (watchdog.OK, ""), model
 
 
 def test_killed_rerank_stub_is_noticed_and_the_server_recovers(served):

@@ -4,6 +4,7 @@ The same file serves every encoder of the assembled repository: `rose_encoder`
 (task embed -> EMBEDDINGS) and `rerank_encoder` (task score -> SCORES, with
 optional TOKEN_TYPE_IDS); the output name is the one its config.pbtxt declares.
 """
+import dataclasses
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -14,7 +15,7 @@ from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
 from rose_triton.errors import triton_error
 from rose_triton.metrics import TritonMetricSink
-from rose_triton.parameters import input_names, load_config, output_names
+from rose_triton.parameters import input_names, instance_device, load_config, output_names
 from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -36,7 +37,8 @@ def _optional_input(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         try:
-            self.encoder = build_endpoint(load_config(EncoderConfig, args))
+            config = load_config(EncoderConfig, args)
+            self.encoder = build_endpoint(dataclasses.replace(config, device=instance_device(args, config.device)))
             self.output_name = output_names(args)[0]
             self.takes_token_types = TOKEN_TYPE_IDS in input_names(args)
             if self.output_name != self.encoder.output.name:

@@ -37,7 +37,7 @@ def test_parameters_convert_by_field_type_and_overrides_win():
     ({"max_batch_tokenz": "1"}, r"unknown parameter\(s\) \['max_batch_tokenz'\]"),
     ({"max_batch_tokens": "many"}, "parameter max_batch_tokens"),
     ({"max_batch_tokens": "0"}, "max_batch_tokens must be >= 1"),
-    ({"device": "tpu"}, "device must be auto, cpu or cuda"),
+    ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N"),
     ({"cuda_graphs": "sometimes"}, "cuda_graphs must be auto, on or off"),
     ({"max_graph_tokens": "32"}, "max_graph_tokens must be >= 64"),
 ])

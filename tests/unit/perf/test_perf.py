@@ -212,3 +212,11 @@ def test_mix_summary_checks_the_issue_targets_and_the_report_renders():
                "rounds": rounds, "phases": {"on": on, "off": off}, "summary": summary}
     text = report.markdown(results)
     assert "| priority on | 900 | 2000 | 10 | 95.0 |" in text and "p99 off / on = 15.0x" in text
+
+
+def test_machine_description_without_git_takes_the_commit_from_the_environment(monkeypatch):
+    from perf import machine
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no git to run, as on the device machine
+    monkeypatch.setenv("GIT_COMMIT", "abc1234")
+    assert machine.describe()["git_commit"] == "abc1234"

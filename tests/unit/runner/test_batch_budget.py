@@ -74,10 +74,11 @@ def test_built_encoder_measures_the_budget_and_its_graph_grid_covers_every_batch
     save_random_model(Qwen3Model, qwen3_config(), tmp_path, seed=52)
     config = EncoderConfig.from_parameters({"model_dir": str(tmp_path), "device": "cpu", "max_batch_tokens": "auto",
                                             "max_batch_sequences": "32", "attention_backend": "masked",
-                                            "cuda_graphs": "on"})
+                                            "cuda_graphs": "on", "max_graphs": "7"})
     encoder = build_endpoint(config, graph_capture=rerun_capture)
     try:
         service, engine = encoder.service, encoder.service.engine
+        assert engine.graphs.cache.max_graphs == 7
         assert 64 <= service.max_batch_tokens <= 8192 and service.max_batch_tokens & (service.max_batch_tokens - 1) == 0
         assert engine.graphs.buckets.covers(max(service.max_batch_tokens, engine.max_positions), 32)
         gauges = encoder.gauges()

@@ -62,23 +62,31 @@ def folders(tmp_path_factory):
     for name in ("config.json", "model.safetensors"):
         (bert_mean / name).write_bytes((bert_cls / name).read_bytes())
     write_pooling(bert_cls, "cls")
-    return {"qwen3": qwen3, "bert-cls": bert_cls, "bert-mean": bert_mean}
+    minilm = tmp_path_factory.mktemp("minilm_shape")  # all-MiniLM-L6-v2's shape: head_dim 32, token types
+    save_random_model(BertModel, BertConfig(vocab_size=128, hidden_size=384, intermediate_size=1536, num_hidden_layers=2,
+                                            num_attention_heads=12, type_vocab_size=2, max_position_embeddings=512),
+                      minilm, seed=29)
+    write_pooling(minilm, "mean")
+    return {"qwen3": qwen3, "bert-cls": bert_cls, "bert-mean": bert_mean, "minilm-shape": minilm}
 
 
-def random_batches(seed: int, count: int, max_len: int = 150):
+def random_batches(seed: int, count: int, max_len: int = 150, token_types: bool = False):
+    """Random batches of 1-5 sequences; `token_types`: each sequence a random (segment 0, segment 1) pair."""
     rng = np.random.default_rng(seed)
     for _ in range(count):
         lengths = rng.integers(1, max_len, size=rng.integers(1, 6))
-        yield PackedBatch.from_sequences(random_sequences(lengths, 128, seed=int(rng.integers(1 << 30))))
+        sequences = random_sequences(lengths, 128, seed=int(rng.integers(1 << 30)))
+        types = [(np.arange(n) >= rng.integers(0, n + 1)).astype(np.int64) for n in lengths] if token_types else None
+        yield PackedBatch.from_sequences(sequences, types)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "bert-cls", "bert-mean"])
+@pytest.mark.parametrize("family", ["qwen3", "bert-cls", "bert-mean", "minilm-shape"])
 def test_graph_steps_equal_eager_and_counters_add_up(folders, family):
     eager = ModelRunner(str(folders[family]), device="cpu", attention_backend="masked", cuda_graphs="off")
     capture = FakeCapture()
     graphed = ModelRunner(str(folders[family]), device="cpu", attention_backend="masked", cuda_graphs="on",
                      max_graph_tokens=512, max_graph_seqs=8, graph_capture=capture)
-    batches = list(random_batches(seed=23, count=8)) * 3  # every bucket is hit at least three times
+    batches = list(random_batches(seed=23, count=8, token_types=family == "minilm-shape")) * 3  # each bucket 3+ times
     hits: dict = {}
     for batch in batches:
         np.testing.assert_allclose(graphed.step(batch).wait(), eager.step(batch).wait(), atol=1e-5, rtol=1e-4)
@@ -135,12 +143,13 @@ def test_graph_mode_configuration(folders):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3", "minilm-shape"])
 @pytest.mark.parametrize("backend", ["auto", "masked"])
-def test_gpu_graph_replay_equals_eager(folders, backend):
-    folder = str(folders["qwen3"])
+def test_gpu_graph_replay_equals_eager(folders, family, backend):
+    folder = str(folders[family])
     eager = ModelRunner(folder, device="cuda", attention_backend=backend, cuda_graphs="off")
     graphed = ModelRunner(folder, device="cuda", attention_backend=backend, cuda_graphs="on", max_graph_tokens=512)
-    batches = list(random_batches(seed=26, count=6)) * 3
+    batches = list(random_batches(seed=26, count=6, token_types=family == "minilm-shape")) * 3
     lazies = [(graphed.step(b), eager.step(b)) for b in batches]  # several batches in flight at once
     for got, want in lazies:
         np.testing.assert_allclose(got.wait(), want.wait(), atol=2e-2, rtol=2e-2)
@@ -219,3 +228,25 @@ def test_gpu_failed_capture_restores_the_stream_and_later_captures_work():
     replay()
     torch.cuda.synchronize()
     assert output.tolist() == [6.0] * 16
+
+
+@pytest.mark.gpu
+def test_a_runner_on_the_last_gpu_steps_there_from_another_thread(folders):
+    """device=cuda:N (a KIND_GPU instance): weights, graphs and results on that GPU, whichever
+    thread calls step (CUDA's current device is per thread)."""
+    import threading
+
+    index = torch.cuda.device_count() - 1
+    runner = ModelRunner(folders["bert-mean"], device=f"cuda:{index}", dtype="float32", cuda_graphs="on",
+                         attention_backend="masked", self_check=False)
+    assert runner.device == torch.device("cuda", index)
+    assert next(runner.model.parameters()).device == runner.device
+    batch = PackedBatch.from_sequences(random_sequences([8, 16], 128, seed=25))
+    eager = runner.forward_eager(batch).cpu().numpy()
+    rows = []
+    thread = threading.Thread(target=lambda: rows.extend(runner.step(batch).wait() for _ in range(3)), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert len(rows) == 3
+    for row in rows:
+        np.testing.assert_allclose(row, eager, atol=1e-4)

@@ -4,6 +4,7 @@ the old server behind (a SIGSTOPped child included)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -98,6 +99,23 @@ def test_the_probes_cover_every_model_that_takes_requests_with_its_inputs():
     assert set(entries) == set(watchdog.PROBES) == set(MODELS)
     for model, (inputs, encoder) in entries.items():
         assert sorted(watchdog.PROBES[model]) == sorted(inputs) and watchdog.ENCODER_OF[model] == encoder
+
+
+def test_models_served_by_name_are_probed_through_their_ensemble_and_front(tmp_path):
+    """--models-file (the launcher's served_models.json): each named model's ensemble and unary
+    front, with its kind's inputs, judged busy by its own encoder's answers."""
+    from rose_triton.models_file import ServedModel, to_document
+    from rose_wire import EMBEDDER, RERANKER
+
+    path = tmp_path / "served_models.json"
+    path.write_text(json.dumps(to_document([ServedModel("e5", EMBEDDER, "/m"), ServedModel("judge", RERANKER, "/r")])))
+    probes, encoders = watchdog.named_targets(str(path))
+    assert probes == {"e5": watchdog.TEXT, "e5_embed": watchdog.TEXT, "judge": watchdog.PAIR,
+                      "judge_score": watchdog.PAIR}
+    assert encoders == {"e5": "e5_encoder", "e5_embed": "e5_encoder", "judge": "judge_encoder",
+                        "judge_score": "judge_encoder"}
+    before, after = {"e5_encoder": 1.0}, {"e5_encoder": 2.0, "judge_encoder": 0.0}
+    assert watchdog.busy_models(list(probes), before, after, encoders) == {"e5", "e5_embed"}
 
 
 class FakeTriton(BaseHTTPRequestHandler):

@@ -126,3 +126,37 @@ print("still alive")
 
     assert run.returncode == EXIT_CODE and "still alive" not in run.stdout, run.stderr[-2000:]
     assert "encoder failed: rose-scheduler thread died" in run.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_device_side_assert_in_a_step_ends_the_process_with_the_exit_code(tmp_path):
+    """A real device-side assert (an out-of-range index on the GPU, raised when the result is
+    waited for) is sticky: the service answers the request with an error and the process ends
+    with EXIT_CODE, which the launcher restarts on."""
+    code = f"""
+import time, torch
+from transformers import BertConfig, BertModel
+from engine_lib.runner.model_runner import ModelRunner
+from testing.fake_engine import Replies, make_service, submit
+from testing.tiny_models import save_random_model
+save_random_model(BertModel, BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2), {str(tmp_path)!r}, seed=1)
+runner = ModelRunner({str(tmp_path)!r}, device="cuda", dtype="float32", cuda_graphs="off", self_check=False)
+forward = runner.forward_eager
+def poisoned(batch):
+    small = torch.zeros(2, device=runner.device)
+    small[torch.tensor([7], device=runner.device)] += 1  # device-side assert: index out of bounds
+    return forward(batch)
+runner.forward_eager = poisoned
+replies = Replies()
+submit(make_service(runner), replies, "poisoned", [[1, 2, 3]])
+replies.wait_for(1)
+print("answered:", replies.results["poisoned"][1], flush=True)
+time.sleep(30)
+print("still alive", flush=True)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    from engine_lib.service.fatal import EXIT_CODE
+
+    assert run.returncode == EXIT_CODE and "still alive" not in run.stdout, run.stderr[-3000:]
+    assert "answered:" in run.stdout and "device-side assert" in run.stdout + run.stderr

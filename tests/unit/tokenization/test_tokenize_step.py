@@ -105,3 +105,23 @@ def test_step_is_chosen_by_the_fronts_inputs():
     assert step_for_inputs(["DOCUMENTS", "QUERY"]) is PairStep
     with pytest.raises(ValueError, match="no tokenize step takes inputs \\['INPUT_IDS'\\]"):
         step_for_inputs(["INPUT_IDS"])
+
+
+def test_the_test_hold_keeps_a_request_before_tokenizing_until_released(model_dir, tmp_path):
+    import threading
+
+    hold = tmp_path / "tokenizer.hold"
+    step = TextStep(TokenizerConfig(model_dir=model_dir, test_tokenize_hold_file=str(hold)))
+    assert step({"TEXT": as_bytes(TEXTS)}, None)["SEQ_LENS"].shape == (2,)  # no file: no hold
+    hold.touch()
+    results = []
+    worker = threading.Thread(target=lambda: results.append(step({"TEXT": as_bytes(TEXTS)}, None)), daemon=True)
+    worker.start()
+    entered = tmp_path / "tokenizer.hold.entered"
+    while not entered.exists():
+        assert worker.is_alive()
+        worker.join(0.01)
+    assert not results and worker.is_alive()
+    hold.unlink()
+    worker.join(60)
+    assert len(results) == 1 and results[0]["SEQ_LENS"].shape == (2,)

@@ -153,3 +153,17 @@ def test_front_config_reads_the_timeout_under_the_environment_and_refuses_bad_on
         FrontConfig.from_parameters({**names, "bls_timeout": "1"})
     with pytest.raises(ValueError, match="encoder_model"):
         FrontConfig.from_parameters({"tokenizer_model": "tokenizer"})
+
+
+def test_a_gpu_instance_runs_on_the_gpu_triton_placed_it_on():
+    from rose_triton.parameters import instance_device
+
+    gpu_instance = {"model_instance_kind": "GPU", "model_instance_device_id": "1"}
+    assert instance_device(gpu_instance, "auto") == "cuda:1"
+    assert instance_device(gpu_instance, "cuda") == "cuda:1"
+    assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}, "auto") == "auto"
+    with pytest.raises(ValueError, match="device=cpu on a KIND_GPU instance"):
+        instance_device(gpu_instance, "cpu")
+    assert EncoderConfig(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ValueError, match="cuda:N"):
+        EncoderConfig(device="cuda:x")

@@ -30,3 +30,16 @@ def test_config_pbtxt_names_are_rose_wire_names(path):
     for key in ("tokenizer_model", "encoder_model"):  # the unary fronts' steps
         if key in parameters:
             assert parameters[key] in MODELS
+
+
+def test_a_model_served_by_name_is_four_triton_models_named_after_it():
+    assert rose_wire.served_models("bge-m3", rose_wire.EMBEDDER) == ("bge-m3", "bge-m3_embed", "bge-m3_tokenizer",
+                                                                     "bge-m3_encoder")
+    judge = rose_wire.served_models("judge", rose_wire.RERANKER)
+    assert (judge.ensemble, judge.front, judge.tokenizer, judge.encoder) == ("judge", "judge_score", "judge_tokenizer",
+                                                                             "judge_encoder")
+    # the default models keep their names, in the same roles
+    assert rose_wire.DEFAULT_EMBEDDER == ("ensemble", "embed", "tokenizer", "rose_encoder")
+    assert rose_wire.DEFAULT_RERANKER == ("rerank", "score", "rerank_tokenizer", "rerank_encoder")
+    with pytest.raises(ValueError, match="kind"):
+        rose_wire.served_models("x", "classifier")
