@@ -116,6 +116,9 @@ class EncoderConfig:
     num_threads: int = 0
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
+    # Where the int8 calibration rows are cached ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
+    # never the model folder (engine_lib/service/calibration.py).
+    cache_dir: str = ""
     # Test-only (docs/operations.md): while this file exists, batches wait before their step. "" = off.
     test_hold_file: str = ""
 

@@ -8,8 +8,12 @@ from dataclasses import dataclass
 
 from engine_lib.config import parse_bool
 from engine_lib.errors import InputError
+from rose_wire import OUTPUT_OF_TYPE
 
-INPUT_TYPES = ("document", "query")
+# Which template prefix the tokenizer applies (engine_lib/tokenization/text.py: template_prefixes).
+INPUT_TYPES = ("document", "query", "classification", "clustering")
+TRUNCATION_DIRECTIONS = ("right", "left")  # right: keep the start of a long text; left: keep its end
+OUTPUT_TYPES = tuple(OUTPUT_OF_TYPE)  # float, int8, uint8, binary, ubinary, int8_ranges
 INT64_MAX = (1 << 63) - 1  # every integer a request carries fits Triton's int64 parameters and tensors
 
 
@@ -30,6 +34,25 @@ def _as_bool(name: str, value) -> bool:
         return parse_bool(value)
     except ValueError:
         raise InputError(f"parameter {name!r} must be a boolean, got {value!r}", name) from None
+
+
+def parse_embedding_types(value) -> tuple[str, ...]:
+    """`embedding_types`: output types as a comma-separated string (Triton's string parameters) or a
+    list of strings (JSON), in the order given, without repeats; empty or None: ()."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        names = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        names = list(value)
+    else:
+        raise InputError(f"parameter 'embedding_types' must be a comma-separated string or a list of strings, "
+                         f"got {value!r}", "embedding_types")
+    unknown = [n for n in names if n not in OUTPUT_TYPES]
+    if unknown:
+        raise InputError(f"parameter 'embedding_types' names {unknown[0]!r}; known: {list(OUTPUT_TYPES)}",
+                         "embedding_types")
+    return tuple(dict.fromkeys(names))
 
 
 def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
@@ -59,14 +82,23 @@ class RequestOptions:
     # Matryoshka: keep the first N dimensions. An integer in [0, 2**63) (or its ASCII digits); 0 = all.
     # At most the model's output width (`check_width`: the encoder, and the gateway when it knows the width).
     dimensions: int = 0
+    truncation_direction: str = "right"  # which end of an over-long text goes: right keeps the start, left the end
+    # Outputs to compute (OUTPUT_TYPES); () = decided by the requested outputs (outputs.py: select_types).
+    embedding_types: tuple[str, ...] = ()
+
+    NAMES = {"input_type", "truncate", "normalize", "dimensions", "truncation_direction", "embedding_types"}
 
     @classmethod
     def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
         """`json_body`: the gateway's JSON body, where an integer is a JSON number, never a string."""
-        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions"})
+        params = parse_parameters(params, cls.NAMES)
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
+        direction = params.get("truncation_direction", "right")
+        if direction not in TRUNCATION_DIRECTIONS:
+            raise InputError(f"parameter 'truncation_direction' must be one of {TRUNCATION_DIRECTIONS}, "
+                             f"got {direction!r}", "truncation_direction")
         try:
             dimensions = check_integer("dimensions", params.get("dimensions", 0), digits=not json_body)
         except InputError as exc:
@@ -74,7 +106,8 @@ class RequestOptions:
         return cls(input_type=input_type,
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
-                   dimensions=dimensions)
+                   dimensions=dimensions, truncation_direction=direction,
+                   embedding_types=parse_embedding_types(params.get("embedding_types")))
 
     def check_width(self, width: int) -> None:
         """Refuse `dimensions` wider than the model's rows (`width`)."""

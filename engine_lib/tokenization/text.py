@@ -32,8 +32,12 @@ def template_prefixes(folder: ModelFolder, config: TokenizerConfig) -> dict[str,
     """Prefix per input_type: the config parameter, else the folder's sentence-transformers
     prompts, else the family default (Qwen3: the instruction template for queries)."""
     prompts = folder.st_prompts
+    document = config.document_prefix or prompts.get("document") or ""
     return {"query": config.query_prefix or prompts.get("query") or FAMILY_QUERY_PREFIX.get(folder.model_type, ""),
-            "document": config.document_prefix or prompts.get("document") or ""}
+            "document": document,
+            # the folder's prompts of these names where it has them (e.g. nomic-embed's), else the document's
+            "classification": prompts.get("classification") or document,
+            "clustering": prompts.get("clustering") or document}
 
 
 def load_tokenizer(folder: ModelFolder) -> Tokenizer:
@@ -65,9 +69,14 @@ class TextTokenizer:
         self._full = load_tokenizer(folder)
         self.prefixes = template_prefixes(folder, config)
         self.append_eos_id = self._eos_to_append(folder) if folder.pooling == "lasttoken" else None
-        self._truncating = Tokenizer.from_file(folder.tokenizer_path)
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(self.max_length - (self.append_eos_id is not None))
+        self._truncating = {direction: self._truncating_tokenizer(folder, direction) for direction in ("right", "left")}
+
+    def _truncating_tokenizer(self, folder: ModelFolder, direction: str) -> Tokenizer:
+        """Truncation of the templated text, special tokens kept (left: its end is kept)."""
+        tokenizer = Tokenizer.from_file(folder.tokenizer_path)
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(self.max_length - (self.append_eos_id is not None), direction=direction)
+        return tokenizer
 
     def _eos_to_append(self, folder: ModelFolder) -> int | None:
         """Last-token pooling reads the EOS token: append it unless the tokenizer already does."""
@@ -83,11 +92,13 @@ class TextTokenizer:
         return decode_texts(raw, self.config)
 
     def template(self, text: str, input_type: str) -> str:
-        return self.prefixes["query" if input_type == "query" else "document"] + text
+        return self.prefixes.get(input_type, self.prefixes["document"]) + text
 
     def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
-        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts])."""
-        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length)
+        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts]). An over-long text
+        (template included) loses its end (`truncation_direction` right) or its start (left)."""
+        keep_end = options.truncation_direction == "left"
+        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length, keep_end)
                      for t in texts]
         extra = self.append_eos_id is not None
         encodings = [e.ids for e in self._full.encode_batch(templated)]
@@ -97,7 +108,8 @@ class TextTokenizer:
             raise InputError(f"TEXT[{i}] has {len(encodings[i]) + extra} tokens, more than the model's maximum "
                              f"of {self.max_length}, and truncate=false", field=TEXT)
         if too_long:
-            for i, enc in zip(too_long, self._truncating.encode_batch([templated[i] for i in too_long])):
+            truncating = self._truncating[options.truncation_direction]
+            for i, enc in zip(too_long, truncating.encode_batch([templated[i] for i in too_long])):
                 encodings[i] = enc.ids
         if extra:
             encodings = [ids + [self.append_eos_id] for ids in encodings]
