@@ -42,7 +42,10 @@ def server(tmp_path_factory, session_servers):
 
     folder = tmp_path_factory.mktemp("triton")
     hold = EncoderHold(folder)
-    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True, env=hold.env)
+    # its own int8 calibration cache (tests/e2e/test_quantized_e2e.py sees it computed and written)
+    instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True,
+                            env={**hold.env, "ROSE_CACHE_DIR": str(folder / "cache")})
+    instance.cache_dir = folder / "cache"
     instance.hold = hold
     session_servers.append(instance)
     return instance

@@ -20,14 +20,15 @@ CALIBRATED_TYPES = ("int8", "uint8", "int8_ranges")  # need the model's calibrat
 
 
 def select_outputs(declared: Sequence[str], requested: Sequence[str], from_parameter: Sequence[str]) -> list[str]:
-    """The outputs a request gets, in `declared` order: the ones named by `embedding_types`
-    (`from_parameter`, tensor names) and the requested outputs, except that every declared
-    output requested counts as none named: Triton requests them all when a client names none,
-    and an ensemble asks its steps for all their mapped outputs whatever its client named.
-    None named -> the first declared output (EMBEDDINGS, SCORES)."""
-    wanted = set(from_parameter)
+    """The outputs a request gets, in `declared` order. Outputs the client named (requested
+    outputs) are what Triton passes back to it, so they decide. When every declared output is
+    requested, none was named: Triton requests them all then, and an ensemble asks its steps for
+    all their mapped outputs whatever its client named; the parameter `embedding_types`
+    (`from_parameter`, tensor names) decides, else the first declared output (EMBEDDINGS, SCORES)."""
     if requested and set(requested) != set(declared):
-        wanted |= set(requested)
+        wanted = set(requested)
+    else:
+        wanted = set(from_parameter)
     return [n for n in declared if n in wanted] or list(declared[:1])
 
 

@@ -68,7 +68,7 @@ def test_quantize_scalar_refuses_ranges_of_another_width():
     ([EMBEDDINGS_UBINARY], [], [EMBEDDINGS_UBINARY]),               # KServe requested outputs
     ([EMBEDDINGS_INT8, EMBEDDINGS], [], [EMBEDDINGS, EMBEDDINGS_INT8]),
     (list(EMBEDDING_OUTPUTS), [EMBEDDINGS_BINARY], [EMBEDDINGS_BINARY]),  # the ensemble with the parameter
-    ([EMBEDDINGS], [EMBEDDINGS_UINT8], [EMBEDDINGS, EMBEDDINGS_UINT8]),   # both: the union
+    ([EMBEDDINGS], [EMBEDDINGS_UINT8], [EMBEDDINGS]),  # named outputs decide: Triton returns only those
 ])
 def test_select_outputs(requested, named, expected):
     assert select_outputs(EMBEDDING_OUTPUTS, requested, named) == expected
