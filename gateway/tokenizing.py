@@ -56,8 +56,9 @@ class GatewayTokenizer:
             raise bad_request(str(exc).replace("TEXT[", "input["), "input") from None
         return Encoded(input_ids, seq_lens)
 
-    def encode_ids(self, inputs: list[list[int]], truncate: bool) -> Encoded:
-        """Token-id inputs go to the encoder as given (no template, no special tokens)."""
+    def encode_ids(self, inputs: list[list[int]], truncate: bool, direction: str = "right") -> Encoded:
+        """Token-id inputs go to the encoder as given (no template, no special tokens); an
+        over-long one is cut at its end (`direction` right) or its start (left)."""
         try:
             check_count(len(inputs), self.config, "input", "token-id inputs")
         except InputError as exc:
@@ -70,7 +71,7 @@ class GatewayTokenizer:
                 if not truncate:
                     raise bad_request(f"input[{i}] has {len(ids)} tokens, more than the model's maximum of "
                                       f"{self.max_length}, and truncate=false", "input")
-                ids = ids[:self.max_length]
+                ids = ids[-self.max_length:] if direction == "left" else ids[:self.max_length]
             rows.append(ids)
         seq_lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         try:
