@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from sentence_transformers.util.quantization import quantize_embeddings
 from tritonclient.utils import InferenceServerException
 
 from engine_lib.runner.self_check import MIN_COSINE
-from engine_lib.tokenization.calibration import calibration_texts
 from rose_wire import (
     EMBEDDINGS,
     EMBEDDINGS_BINARY,
@@ -25,6 +23,7 @@ from rose_wire import (
     decode,
 )
 from testing.embed_clients import generate_outputs, stream_outputs, unary_outputs
+from testing.quantized import TYPES, check_types, ranges_of, st_calibration_rows
 from testing.texts import VARIED_TEXTS
 
 TEXTS = VARIED_TEXTS[:16]
@@ -73,42 +72,13 @@ def st_rows(reference_model):
 
 @pytest.fixture(scope="module")
 def st_calibration(reference_model):
-    """The calibration rule run by sentence-transformers: the shipped texts, queries with the query
-    prompt and documents with the document prompt (none for this model), min and max per dimension."""
-    pairs = calibration_texts()
-    rows = np.zeros((len(pairs), reference_model.get_embedding_dimension()), dtype=np.float32)
-    for kind in ("query", "document"):
-        at = [i for i, (k, _) in enumerate(pairs) if k == kind]
-        rows[at] = reference_model.encode([pairs[i][1] for i in at], normalize_embeddings=False,
-                                          prompt_name=kind if kind in reference_model.prompts else None)
-    return rows
-
-
-def ranges_of(rows: np.ndarray, dimensions: int = 0) -> np.ndarray:
-    if dimensions:
-        rows = rows[:, :dimensions]
-    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
-    return np.vstack((rows.min(axis=0), rows.max(axis=0)))
+    return st_calibration_rows(reference_model)
 
 
 def check_against_reference(outputs: dict, st_rows: np.ndarray, st_ranges: np.ndarray) -> None:
     assert set(outputs) == {EMBEDDINGS, *COMPACT, INT8_RANGES}, sorted(outputs)
-    floats, ranges = outputs[EMBEDDINGS], outputs[INT8_RANGES]
-    assert floats.shape == st_rows.shape and ranges.shape == (2, st_rows.shape[1])
-    assert (floats * st_rows).sum(axis=1).min() >= MIN_COSINE
-    np.testing.assert_allclose(ranges, st_ranges, atol=2e-5)  # the calibration, run by sentence-transformers
-    for name, precision in zip(COMPACT, ("int8", "uint8", "binary", "ubinary")):
-        ours = outputs[name]
-        kwargs = {"ranges": ranges} if precision.endswith("int8") else {}
-        # exactly quantize_embeddings of the served float rows ...
-        np.testing.assert_array_equal(ours, quantize_embeddings(floats, precision, **kwargs), err_msg=name)
-        theirs = quantize_embeddings(st_rows, precision, **kwargs)
-        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, name
-        if precision.endswith("int8"):  # ... and within one step of sentence-transformers' own rows
-            assert np.abs(ours.astype(np.int32) - theirs.astype(np.int32)).max() <= 1, name
-        else:  # bit-exact, but for a sign sentence-transformers itself leaves within float noise of zero
-            differing = np.unpackbits((ours ^ theirs).view(np.uint8), axis=1)[:, :st_rows.shape[1]].astype(bool)
-            assert not differing[np.abs(st_rows) > 1e-5].any(), name
+    compact = {kind: outputs[name] for kind, name in zip(TYPES, COMPACT)}
+    check_types(outputs[EMBEDDINGS], compact, outputs[INT8_RANGES], st_rows, st_ranges)
 
 
 @pytest.mark.parametrize("path", PATHS)
