@@ -63,9 +63,12 @@ class TokenizerConfig:
     max_text_bytes: int = 1 << 20
     max_request_bytes: int = 4 << 20
     max_length: int = 0   # tokens per text at most; 0 = from the model folder
+    max_windows_per_text: int = 32  # chunking=mean: windows of one text at most (more: refused as too large)
 
     def __post_init__(self):
         _check_tokenizer_limits(self)
+        if self.max_windows_per_text < 1:
+            raise ValueError("max_windows_per_text must be >= 1")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "TokenizerConfig":

@@ -13,6 +13,7 @@ from rose_wire import OUTPUT_OF_TYPE
 # Which template prefix the tokenizer applies (engine_lib/tokenization/text.py: template_prefixes).
 INPUT_TYPES = ("document", "query", "classification", "clustering")
 TRUNCATION_DIRECTIONS = ("right", "left")  # right: keep the start of a long text; left: keep its end
+CHUNKING_MODES = ("none", "mean")  # mean: a long text's windows, pooled (tokenization/text.py: windows)
 OUTPUT_TYPES = tuple(OUTPUT_OF_TYPE)  # float, int8, uint8, binary, ubinary, int8_ranges
 INT64_MAX = (1 << 63) - 1  # every integer a request carries fits Triton's int64 parameters and tensors
 
@@ -85,8 +86,10 @@ class RequestOptions:
     truncation_direction: str = "right"  # which end of an over-long text goes: right keeps the start, left the end
     # Outputs to compute (OUTPUT_TYPES); () = decided by the requested outputs (outputs.py: select_types).
     embedding_types: tuple[str, ...] = ()
+    chunking: str = "none"  # "mean": a text over the maximum is embedded as consecutive windows, pooled
 
-    NAMES = {"input_type", "truncate", "normalize", "dimensions", "truncation_direction", "embedding_types"}
+    NAMES = {"input_type", "truncate", "normalize", "dimensions", "truncation_direction", "embedding_types",
+             "chunking"}
 
     @classmethod
     def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
@@ -95,6 +98,9 @@ class RequestOptions:
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
+        chunking = params.get("chunking", "none")
+        if chunking not in CHUNKING_MODES:
+            raise InputError(f"parameter 'chunking' must be one of {CHUNKING_MODES}, got {chunking!r}", "chunking")
         direction = params.get("truncation_direction", "right")
         if direction not in TRUNCATION_DIRECTIONS:
             raise InputError(f"parameter 'truncation_direction' must be one of {TRUNCATION_DIRECTIONS}, "
@@ -107,7 +113,7 @@ class RequestOptions:
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
                    dimensions=dimensions, truncation_direction=direction,
-                   embedding_types=parse_embedding_types(params.get("embedding_types")))
+                   embedding_types=parse_embedding_types(params.get("embedding_types")), chunking=chunking)
 
     def check_width(self, width: int) -> None:
         """Refuse `dimensions` wider than the model's rows (`width`)."""

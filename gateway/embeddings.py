@@ -15,7 +15,7 @@ from engine_lib.options import RequestOptions
 
 from .errors import bad_request, from_input_error
 
-OPTIONS = ("dimensions", "input_type", "truncate", "truncation_direction")  # RequestOptions a client sets
+OPTIONS = ("dimensions", "input_type", "truncate", "truncation_direction", "chunking")  # RequestOptions a client sets
 FIELDS = {"input", "model", "encoding_format", "user", *OPTIONS}
 
 

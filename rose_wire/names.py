@@ -7,6 +7,7 @@ DOCUMENTS = "DOCUMENTS"            # BYTES [N]: documents to score against QUERY
 INPUT_IDS = "INPUT_IDS"            # INT64 [num_tokens]: every sequence's ids, concatenated (no padding)
 SEQ_LENS = "SEQ_LENS"              # INT64 [N]: tokens per sequence
 TOKEN_TYPE_IDS = "TOKEN_TYPE_IDS"  # INT64 [num_tokens] or [0]: segment ids of BERT pairs
+TEXT_WINDOWS = "TEXT_WINDOWS"      # INT64 [N] or [0]: sequences (windows) per text, with chunking; [0]: one each
 EMBEDDINGS = "EMBEDDINGS"          # FP32 [N, D]
 EMBEDDINGS_INT8 = "EMBEDDINGS_INT8"        # INT8 [N, D]: scalar-quantized with the model's calibrated ranges
 EMBEDDINGS_UINT8 = "EMBEDDINGS_UINT8"      # UINT8 [N, D]: the same buckets, unsigned
@@ -30,5 +31,5 @@ OUTPUT_OF_TYPE = {"float": EMBEDDINGS, "int8": EMBEDDINGS_INT8, "uint8": EMBEDDI
                   "binary": EMBEDDINGS_BINARY, "ubinary": EMBEDDINGS_UBINARY, "int8_ranges": INT8_RANGES}
 EMBEDDING_OUTPUTS = tuple(OUTPUT_OF_TYPE.values())  # the embedding models' outputs, in config.pbtxt order
 
-TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, *EMBEDDING_OUTPUTS, SCORES)
+TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, TEXT_WINDOWS, *EMBEDDING_OUTPUTS, SCORES)
 MODELS = (ENSEMBLE, EMBED, TOKENIZER, ROSE_ENCODER, RERANK, SCORE, RERANK_TOKENIZER, RERANK_ENCODER)

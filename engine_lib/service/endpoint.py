@@ -20,8 +20,8 @@ import numpy as np
 
 from engine_lib.errors import InputError
 from engine_lib.service.batching import BatchingService, DoneCallback
-from engine_lib.service.outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
-from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
+from engine_lib.service.outputs import finish_rows, normalize_rows, output_for, pool_windows  # noqa: F401 (finish_rows, normalize_rows: re-exported)
+from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,16 @@ def check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
     return token_types.astype(np.int64, copy=False)
 
 
+def check_windows(windows: Optional[np.ndarray], num_sequences: int) -> Optional[np.ndarray]:
+    """Sequences per text (chunking), each >= 1, summing to the sequences sent; None or empty: one each."""
+    if windows is None or windows.size == 0:
+        return None
+    if windows.ndim != 1 or windows.min() < 1 or int(windows.sum()) != num_sequences:
+        raise InputError(f"TEXT_WINDOWS must count >= 1 sequence per text and sum to the {num_sequences} "
+                         f"sequences of SEQ_LENS", field=TEXT_WINDOWS)
+    return windows.astype(np.int64, copy=False)
+
+
 class Endpoint:
     """What the encoder model's adapter calls: validated requests in, finished answers out."""
 
@@ -92,14 +102,17 @@ class Endpoint:
 
     def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options, on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None,
-               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None) -> int:
+               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None,
+               text_windows: Optional[np.ndarray] = None) -> int:
         """Queue one request; raises InputError/OverloadError before queuing anything. `on_done`
         gets ({tensor name: array}, None) or (None, error). `received_at`: time.perf_counter()
-        when the adapter got it (hop timing)."""
+        when the adapter got it (hop timing). `text_windows`: sequences per text (chunking=mean),
+        pooled into one row each (outputs.pool_windows) before the answer is made."""
         needs_ranges = self.output.needs_ranges(options)
         try:
             input_ids, lens = check_sequences(input_ids, seq_lens, self.limits)
             token_types = check_token_types(token_types, input_ids.size, self.limits)
+            text_windows = check_windows(text_windows, len(lens))
             self.output.check(options)
             if needs_ranges and self.calibration is None:
                 raise InputError("this encoder has no calibration for int8/uint8 outputs", "embedding_types")
@@ -118,6 +131,8 @@ class Endpoint:
             on_done(result, error)  # if this raises, the service answers the request with an error
 
         def finish(rows, error):
+            if rows is not None and text_windows is not None:
+                rows = pool_windows(rows, lens, text_windows)
             if rows is None or not needs_ranges:
                 answer(rows, error)
             else:

@@ -41,6 +41,15 @@ def requested_outputs(parameters: dict | str | None, requested: Sequence[str], d
     return select_outputs(declared, requested, named)
 
 
+def pool_windows(rows: np.ndarray, seq_lens: Sequence[int], windows: np.ndarray) -> np.ndarray:
+    """Raw rows of every window [num_windows, H] -> one per text [len(windows), H]: the mean of a
+    text's windows' rows weighted by their token counts (chunking=mean; before `dimensions`)."""
+    weights = np.asarray(seq_lens, dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(windows)[:-1]])
+    sums = np.add.reduceat(rows.astype(np.float64) * weights[:, None], starts, axis=0)
+    return (sums / np.add.reduceat(weights, starts)[:, None]).astype(np.float32)
+
+
 def normalize_rows(rows: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(rows, axis=1, keepdims=True)
     return rows / np.maximum(norms, 1e-12)

@@ -14,7 +14,7 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
 from engine_lib.tokenization.text import TextTokenizer
-from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
+from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 Tensors = Mapping[str, "np.ndarray | None"]
 
@@ -27,7 +27,8 @@ def _required(tensors: Tensors, name: str) -> np.ndarray:
 
 
 class TextStep:
-    """TEXT -> INPUT_IDS + SEQ_LENS (request options: input_type, truncate)."""
+    """TEXT -> INPUT_IDS + SEQ_LENS + TEXT_WINDOWS (request options: input_type, truncate,
+    truncation_direction, chunking; TEXT_WINDOWS is empty, one sequence a text, unless chunking)."""
     config_cls = TokenizerConfig
     inputs = (TEXT,)
 
@@ -37,8 +38,11 @@ class TextStep:
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
         options = RequestOptions.from_parameters(parameters)
         texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
-        input_ids, seq_lens = self.tokenizer.encode(texts, options)
-        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens.astype(np.int64)}
+        if options.chunking == "mean":
+            input_ids, seq_lens, windows = self.tokenizer.encode_windows(texts, options)
+        else:
+            (input_ids, seq_lens), windows = self.tokenizer.encode(texts, options), np.zeros(0, dtype=np.int64)
+        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens.astype(np.int64), TEXT_WINDOWS: windows}
 
 
 class PairStep:

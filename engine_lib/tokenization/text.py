@@ -8,7 +8,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine_lib.config import TokenizerConfig
-from engine_lib.errors import InputError
+from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.long_text import cut_long_text
@@ -116,3 +116,49 @@ class TextTokenizer:
         seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
         input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
         return input_ids, seq_lens
+
+    def encode_windows(self, texts: Sequence[str], options: RequestOptions
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """chunking=mean: -> (flat input_ids, seq_lens of every window, windows per text). A text
+        within the maximum is one window, its ids exactly `encode`'s; a longer one is split into
+        consecutive windows of its own tokens, no overlap, each with the template prefix and the
+        special tokens (and EOS) a text gets, at most `max_length` tokens in all; more than
+        `max_windows_per_text` windows is InputTooLarge."""
+        limit = self.config.max_windows_per_text
+        windows: list[list[int]] = []
+        counts = []
+        for i, text in enumerate(texts):
+            prefix = self.prefixes.get(options.input_type, self.prefixes["document"])
+            templated = cut_long_text(self._full, prefix + text, self.max_length * (limit + 1))
+            parts = self._windows(templated, len(prefix))
+            if len(parts) > limit:
+                raise InputTooLarge(f"TEXT[{i}] needs more than {limit} windows of {self.max_length} tokens "
+                                    f"(max_windows_per_text); split it", TEXT)
+            windows += parts
+            counts.append(len(parts))
+        seq_lens = np.fromiter((len(w) for w in windows), dtype=np.int64, count=len(windows))
+        input_ids = np.fromiter((t for w in windows for t in w), dtype=np.int64, count=int(seq_lens.sum()))
+        return input_ids, seq_lens, np.array(counts, dtype=np.int64)
+
+    def _windows(self, templated: str, prefix_chars: int) -> list[list[int]]:
+        encoding = self._full.encode(templated)
+        ids, special = encoding.ids, encoding.special_tokens_mask
+        eos = [self.append_eos_id] if self.append_eos_id is not None else []
+        if len(ids) + len(eos) <= self.max_length:
+            return [ids + eos]
+        head = 0
+        while head < len(ids) and special[head]:
+            head += 1
+        tail = len(ids)
+        while tail > head and special[tail - 1]:
+            tail -= 1
+        # body tokens ending inside the template prefix are the prefix's: every window repeats them
+        prefix = sum(1 for start, end in encoding.offsets[head:tail] if end <= prefix_chars)
+        fixed = ids[:head + prefix]
+        closing = ids[tail:] + eos
+        room = self.max_length - len(fixed) - len(closing)
+        if room < 1:
+            raise InputError(f"the template leaves no room for text within {self.max_length} tokens", TEXT)
+        body = ids[head + prefix:tail]
+        return [fixed + body[at:at + room] + closing for at in range(0, len(body), room)]
+

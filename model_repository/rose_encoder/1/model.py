@@ -17,7 +17,7 @@ from engine_lib.tokenization.calibration import calibration_sequences
 from rose_triton.errors import triton_error
 from rose_triton.metrics import TritonMetricSink
 from rose_triton.parameters import input_names, load_config, output_names
-from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
+from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -41,6 +41,7 @@ class TritonPythonModel:
             self.encoder = build_endpoint(load_config(EncoderConfig, args), calibration_sequences)
             self.outputs = output_names(args)
             self.takes_token_types = TOKEN_TYPE_IDS in input_names(args)
+            self.takes_windows = TEXT_WINDOWS in input_names(args)
             if self.outputs[0] != self.encoder.output.name:
                 raise ValueError(f"config.pbtxt declares output {self.outputs[0]!r} first but the task gives "
                                  f"{self.encoder.output.name!r}")
@@ -63,7 +64,8 @@ class TritonPythonModel:
                                     lambda result, error, sender=sender: _respond(sender, result, error),
                                     is_cancelled=sender.is_cancelled,
                                     token_types=_optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
-                                    received_at=received_at)
+                                    received_at=received_at,
+                                    text_windows=_optional_input(request, TEXT_WINDOWS) if self.takes_windows else None)
             except (InputError, OverloadError) as exc:
                 _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response

@@ -10,7 +10,7 @@ import pytest
 
 from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
-from engine_lib.service.outputs import finish_rows
+from engine_lib.service.outputs import finish_rows, pool_windows
 from engine_lib.service.quantize import pack_signs, quantize_scalar
 from engine_lib.tokenization.text import TextTokenizer
 from gateway.app import create_app
@@ -55,6 +55,8 @@ class FakeEncoder:
                 raw = np.zeros((len(lens), WIDTH), dtype=np.float32)
                 raw[:, 0] = [part.sum() for part in np.split(ids, np.cumsum(lens)[:-1])]
                 raw[:, 1], raw[:, 2] = lens, 1
+                if "TEXT_WINDOWS" in call.inputs:
+                    raw = pool_windows(raw, lens.tolist(), call.inputs["TEXT_WINDOWS"])
                 floats = finish_rows(raw, options)
                 made = {"float": floats, "int8": quantize_scalar(floats, ranges, True),
                         "uint8": quantize_scalar(floats, ranges, False), "binary": pack_signs(floats, True),
@@ -217,3 +219,34 @@ def test_v1_embeddings_truncation_direction_for_texts_and_token_ids(tokenizer):
     np.testing.assert_array_equal(encoder.calls[0].inputs["INPUT_IDS"], ids[-tokenizer.max_length:])
     response, _ = post("/v1/embeddings", {"model": MODEL, "input": ["x"], "truncation_direction": "up"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "truncation_direction"
+
+
+def test_v1_embeddings_chunking_keeps_each_texts_windows_in_one_chunk_and_counts_them_all(tokenizer):
+    long = " ".join(f"w{i} sentence {i}." for i in range(300))
+    texts = ["short", long, "another short one", long + " tail"]
+    response, encoder = post("/v1/embeddings", {"model": MODEL, "input": texts, "chunking": "mean",
+                                                "encoding_format": "float"}, max_chunk_tokens=600)
+    assert response.status_code == 200, response.text
+    ids, lens, windows = tokenizer.encode_windows(texts, RequestOptions(chunking="mean"))
+    assert windows.tolist()[0] == 1 and windows[1] > 1
+    body = response.json()
+    assert body["usage"]["prompt_tokens"] == int(lens.sum())
+    raw = np.zeros((len(lens), WIDTH), dtype=np.float32)
+    raw[:, 0] = [p.sum() for p in np.split(ids, np.cumsum(lens)[:-1])]
+    raw[:, 1], raw[:, 2] = lens, 1
+    expected = finish_rows(pool_windows(raw, lens.tolist(), windows), RequestOptions())
+    np.testing.assert_allclose([d["embedding"] for d in body["data"]], expected, rtol=1e-6)
+    sent = [c.inputs["TEXT_WINDOWS"].tolist() for c in encoder.calls]
+    assert sum(sent, []) == windows.tolist() and len(encoder.calls) > 1
+    for call in encoder.calls:
+        assert int(call.inputs["TEXT_WINDOWS"].sum()) == len(call.inputs["SEQ_LENS"])
+    np.testing.assert_array_equal(np.concatenate([c.inputs["INPUT_IDS"] for c in encoder.calls]), ids)
+
+
+def test_v1_embeddings_chunking_past_the_window_cap_is_413(tokenizer):
+    huge = " ".join(f"w{i} sentence {i}." for i in range(4000))  # more than 32 windows of 256 tokens
+    response, encoder = post("/v1/embeddings", {"model": MODEL, "input": ["x", huge], "chunking": "mean"})
+    assert response.status_code == 413 and response.json()["error"]["param"] == "input"
+    assert "input[1] needs more than 32 windows" in response.json()["error"]["message"] and encoder.calls == []
+    response, _ = post("/v1/embeddings", {"model": MODEL, "input": ["x"], "chunking": "max"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "chunking"
