@@ -66,9 +66,12 @@ class TokenizerConfig:
     max_length: int = 0   # tokens per text at most; 0 = from the model folder
     # Test-only (docs/operations.md): while this file exists, a request waits before it is tokenized. "" = off.
     test_tokenize_hold_file: str = ""
+    max_windows_per_text: int = 32  # chunking=mean: windows of one text at most (more: refused as too large)
 
     def __post_init__(self):
         _check_tokenizer_limits(self)
+        if self.max_windows_per_text < 1:
+            raise ValueError("max_windows_per_text must be >= 1")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "TokenizerConfig":
@@ -122,6 +125,9 @@ class EncoderConfig:
     num_threads: int = 0
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
+    # Where the int8 calibration rows are cached ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
+    # never the model folder (engine_lib/service/calibration.py).
+    cache_dir: str = ""
     # Test-only (docs/operations.md): while this file exists, batches wait before their step. "" = off.
     test_hold_file: str = ""
 

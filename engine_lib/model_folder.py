@@ -153,3 +153,29 @@ def scoring_architecture(cfg: dict, path: str) -> str:
         raise ValueError(f"{path}: architectures {cfg.get('architectures')} names no reranker we serve; "
                          f"supported: {sorted(SCORING_ARCHITECTURES)}")
     return found[0]
+
+
+FINGERPRINT_WHOLE_BYTES = 16 << 20  # files up to this size are hashed whole; larger ones by size, head and tail
+FINGERPRINT_EDGE_BYTES = 1 << 20
+
+
+def folder_fingerprint(path: str) -> str:
+    """A sha256 over every file of the folder (relative path, size, and content: whole for small
+    files, the first and last MiB of large ones), cheap for multi-GB weights and unchanged by copying."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            full = os.path.join(root, name)
+            size = os.path.getsize(full)
+            digest.update(f"{os.path.relpath(full, path)}\0{size}\0".encode())
+            with open(full, "rb") as f:
+                if size <= FINGERPRINT_WHOLE_BYTES:
+                    digest.update(f.read())
+                else:
+                    digest.update(f.read(FINGERPRINT_EDGE_BYTES))
+                    f.seek(size - FINGERPRINT_EDGE_BYTES)
+                    digest.update(f.read(FINGERPRINT_EDGE_BYTES))
+    return digest.hexdigest()

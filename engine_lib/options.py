@@ -8,8 +8,13 @@ from dataclasses import dataclass
 
 from engine_lib.config import parse_bool
 from engine_lib.errors import InputError
+from rose_wire import OUTPUT_OF_TYPE
 
-INPUT_TYPES = ("document", "query")
+# Which template prefix the tokenizer applies (engine_lib/tokenization/text.py: template_prefixes).
+INPUT_TYPES = ("document", "query", "classification", "clustering")
+TRUNCATION_DIRECTIONS = ("right", "left")  # right: keep the start of a long text; left: keep its end
+CHUNKING_MODES = ("none", "mean")  # mean: a long text's windows, pooled (tokenization/text.py: windows)
+OUTPUT_TYPES = tuple(OUTPUT_OF_TYPE)  # float, int8, uint8, binary, ubinary, int8_ranges
 # Scheduling classes (engine_lib/service/scheduler.py): interactive work fills each batch first.
 INTERACTIVE, BATCH = "interactive", "batch"
 PRIORITIES = (INTERACTIVE, BATCH)
@@ -58,6 +63,25 @@ def default_priority(num_texts: int, num_tokens: int) -> str:
     return INTERACTIVE if small else BATCH
 
 
+def parse_embedding_types(value) -> tuple[str, ...]:
+    """`embedding_types`: output types as a comma-separated string (Triton's string parameters) or a
+    list of strings (JSON), in the order given, without repeats; empty or None: ()."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        names = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        names = list(value)
+    else:
+        raise InputError(f"parameter 'embedding_types' must be a comma-separated string or a list of strings, "
+                         f"got {value!r}", "embedding_types")
+    unknown = [n for n in names if n not in OUTPUT_TYPES]
+    if unknown:
+        raise InputError(f"parameter 'embedding_types' names {unknown[0]!r}; known: {list(OUTPUT_TYPES)}",
+                         "embedding_types")
+    return tuple(dict.fromkeys(names))
+
+
 def parse_parameters(params: dict | str | None, known: set[str]) -> dict:
     """Request parameters (a JSON string in Triton) as a dict; unknown names refused; a null
     value is the same as the name left out."""
@@ -86,14 +110,28 @@ class RequestOptions:
     # At most the model's output width (`check_width`: the encoder, and the gateway when it knows the width).
     dimensions: int = 0
     priority: str = ""             # parameter priority_class: interactive | batch; "" = by size (default_priority)
+    truncation_direction: str = "right"  # which end of an over-long text goes: right keeps the start, left the end
+    # Outputs to compute (OUTPUT_TYPES); () = decided by the requested outputs (outputs.py: select_types).
+    embedding_types: tuple[str, ...] = ()
+    chunking: str = "none"  # "mean": a text over the maximum is embedded as consecutive windows, pooled
+
+    NAMES = {"input_type", "truncate", "normalize", "dimensions", "truncation_direction", "embedding_types",
+             "chunking", PRIORITY_PARAMETER}
 
     @classmethod
     def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
         """`json_body`: the gateway's JSON body, where an integer is a JSON number, never a string."""
-        params = parse_parameters(params, {"input_type", "truncate", "normalize", "dimensions", PRIORITY_PARAMETER})
+        params = parse_parameters(params, cls.NAMES)
         input_type = params.get("input_type", "document")
         if input_type not in INPUT_TYPES:
             raise InputError(f"parameter 'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "input_type")
+        chunking = params.get("chunking", "none")
+        if chunking not in CHUNKING_MODES:
+            raise InputError(f"parameter 'chunking' must be one of {CHUNKING_MODES}, got {chunking!r}", "chunking")
+        direction = params.get("truncation_direction", "right")
+        if direction not in TRUNCATION_DIRECTIONS:
+            raise InputError(f"parameter 'truncation_direction' must be one of {TRUNCATION_DIRECTIONS}, "
+                             f"got {direction!r}", "truncation_direction")
         try:
             dimensions = check_integer("dimensions", params.get("dimensions", 0), digits=not json_body)
         except InputError as exc:
@@ -101,7 +139,9 @@ class RequestOptions:
         return cls(input_type=input_type,
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
-                   dimensions=dimensions, priority=_priority(params))
+                   dimensions=dimensions, truncation_direction=direction,
+                   embedding_types=parse_embedding_types(params.get("embedding_types")), chunking=chunking,
+                   priority=_priority(params))
 
     def check_width(self, width: int) -> None:
         """Refuse `dimensions` wider than the model's rows (`width`)."""

@@ -30,7 +30,7 @@ from rose_wire import (
     TOKEN_TYPE_IDS,
 )
 
-from . import embeddings, liveness, rerank
+from . import cohere, compact, embeddings, liveness, rerank
 from .backend import Backend
 from .config import DEFAULT_MODEL_NAME, GatewayConfig
 from .errors import ApiError, bad_request, too_large
@@ -150,7 +150,7 @@ class Gateway:
         """`req`'s inputs as ids, with `tokenizer` (its route's; default: the default embedder's)."""
         tokenizer = tokenizer or self.tokenizer
         if req.token_ids is not None:
-            return tokenizer.encode_ids(req.token_ids, req.options.truncate)
+            return tokenizer.encode_ids(req.token_ids, req.options.truncate, req.options.truncation_direction)
         tokenizer.check_texts(req.texts)
         if sum(map(len, req.texts)) <= INLINE_CHARS:
             return tokenizer.encode_texts(req.texts, req.options)
@@ -325,7 +325,11 @@ def create_app(config: GatewayConfig) -> Starlette:
 
     routes = [Route("/v1/embeddings", _endpoint(gateway, "embeddings", gateway.embeddings, True), methods=["POST"]),
               Route("/v1/rerank", _endpoint(gateway, "rerank", gateway.rerank, True), methods=["POST"]),
+              Route("/v2/embed", _endpoint(gateway, "embed_v2", lambda r: cohere.embed(gateway, r), True),
+                    methods=["POST"]),
               Route("/v1/models", _endpoint(gateway, "models", gateway.models), methods=["GET"]),
+              Route("/v1/models/{model}", _endpoint(gateway, "model", lambda r: compact.model_object(gateway, r)),
+                    methods=["GET"]),
               Route("/health", gateway.health, methods=["GET"]),
               Route(liveness.LIVENESS_PATH, gateway.livez, methods=["GET"]),
               Route("/metrics", gateway.prometheus, methods=["GET"])]

@@ -17,7 +17,7 @@ from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from rose_client.chunking import Chunk, plan_chunks
 from rose_client.replicas import resolve_replicas
 from rose_client.scheduling import RetryPolicy
-from rose_wire import DOCUMENTS, EMBEDDINGS, INPUT_IDS, QUERY, RERANK, ROSE_ENCODER, SCORES, SEQ_LENS
+from rose_wire import DOCUMENTS, EMBEDDINGS, INPUT_IDS, QUERY, RERANK, ROSE_ENCODER, SCORES, SEQ_LENS, TEXT_WINDOWS
 
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
@@ -135,14 +135,18 @@ class Backend:
             await self.channels.pop(url).close()
 
     async def embed(self, encoded: Encoded, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
-        """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's JobFailed."""
-        chunks = plan_chunks(encoded.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
-        offsets = encoded.offsets
+        """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's JobFailed. An input's
+        windows (chunking) stay in one chunk: the encoder pools them."""
+        chunks = plan_chunks(encoded.input_tokens, self.config.max_chunk_tokens, self.config.max_chunk_texts)
+        offsets, windows = encoded.offsets, encoded.window_offsets
 
         def call(chunk: Chunk) -> Call:
-            ids = encoded.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
-            return Call(encoder, {INPUT_IDS: ids, SEQ_LENS: encoded.seq_lens[chunk.start:chunk.stop]},
-                        EMBEDDINGS, parameters, rows=chunk.num_texts)
+            first, last = windows[chunk.start], windows[chunk.stop]
+            tensors = {INPUT_IDS: encoded.input_ids[offsets[first]:offsets[last]],
+                       SEQ_LENS: encoded.seq_lens[first:last]}
+            if encoded.windows is not None:
+                tensors[TEXT_WINDOWS] = encoded.windows[chunk.start:chunk.stop]
+            return Call(encoder, tensors, EMBEDDINGS, parameters, rows=chunk.num_texts)
 
         self.metrics.chunks.labels("embeddings").inc(len(chunks))
         parts = await self.dispatcher.run(chunks, call)

@@ -1,6 +1,7 @@
-"""POST /v1/embeddings: OpenAI's request fields (plus input_type, truncate and priority)
-checked one by one, and the response in float or base64. The options
-(dimensions, input_type, truncate, priority) follow the models' own rules (engine_lib/options.py)."""
+"""POST /v1/embeddings: OpenAI's request fields (plus input_type, truncate, truncation_direction,
+chunking and priority) checked one by one, and the response in float or base64. The options
+(dimensions, input_type, truncate, truncation_direction, chunking, priority) follow the models' own
+rules (engine_lib/options.py). Compact types are /v2/embed's (gateway/cohere.py)."""
 from __future__ import annotations
 
 import base64
@@ -15,7 +16,7 @@ from engine_lib.options import PRIORITY_PARAMETER, RequestOptions, check_priorit
 
 from .errors import bad_request, from_input_error
 
-OPTIONS = ("dimensions", "input_type", "truncate")  # RequestOptions fields a client may set here
+OPTIONS = ("dimensions", "input_type", "truncate", "truncation_direction", "chunking")  # RequestOptions a client sets
 FIELDS = {"input", "model", "encoding_format", "user", "priority", *OPTIONS}
 
 

@@ -21,12 +21,26 @@ from .errors import bad_request, from_input_error
 
 @dataclass(frozen=True)
 class Encoded:
-    input_ids: np.ndarray  # int64 [num_tokens], all inputs concatenated
-    seq_lens: np.ndarray   # int64 [num_inputs]
+    input_ids: np.ndarray  # int64 [num_tokens], all sequences concatenated
+    seq_lens: np.ndarray   # int64 [num_sequences]: one per input, or (chunking) one per window
+    windows: np.ndarray | None = None  # int64 [num_inputs]: windows per input (chunking=mean), else None
 
     @property
     def offsets(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.seq_lens)])
+
+    @property
+    def input_tokens(self) -> list[int]:
+        """Tokens per input (all its windows')."""
+        if self.windows is None:
+            return self.seq_lens.tolist()
+        return np.add.reduceat(self.seq_lens, np.concatenate([[0], np.cumsum(self.windows)[:-1]])).tolist()
+
+    @property
+    def window_offsets(self) -> np.ndarray:
+        """Input i's sequences are seq_lens[window_offsets[i]:window_offsets[i + 1]]."""
+        counts = self.windows if self.windows is not None else np.ones(len(self.seq_lens), dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(counts)])
 
 
 class GatewayTokenizer:
@@ -55,13 +69,16 @@ class GatewayTokenizer:
 
     def encode_texts(self, texts: list[str], options: RequestOptions) -> Encoded:
         try:
+            if options.chunking == "mean":
+                return Encoded(*self.text.encode_windows(texts, options))
             input_ids, seq_lens = self.text.encode(texts, options)
-        except InputError as exc:
-            raise bad_request(str(exc).replace("TEXT[", "input["), "input") from None
+        except InputError as exc:  # too long with truncate=false (400), too many windows (413)
+            raise from_input_error(type(exc)(str(exc).replace("TEXT[", "input["), exc.field), "input") from None
         return Encoded(input_ids, seq_lens)
 
-    def encode_ids(self, inputs: list[list[int]], truncate: bool) -> Encoded:
-        """Token-id inputs go to the encoder as given (no template, no special tokens)."""
+    def encode_ids(self, inputs: list[list[int]], truncate: bool, direction: str = "right") -> Encoded:
+        """Token-id inputs go to the encoder as given (no template, no special tokens); an
+        over-long one is cut at its end (`direction` right) or its start (left)."""
         try:
             check_count(len(inputs), self.config, "input", "token-id inputs")
         except InputError as exc:
@@ -74,7 +91,7 @@ class GatewayTokenizer:
                 if not truncate:
                     raise bad_request(f"input[{i}] has {len(ids)} tokens, more than the model's maximum of "
                                       f"{self.max_length}, and truncate=false", "input")
-                ids = ids[:self.max_length]
+                ids = ids[-self.max_length:] if direction == "left" else ids[:self.max_length]
             rows.append(ids)
         seq_lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         try:

@@ -51,12 +51,14 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 
 @dataclass(frozen=True)
 class Call:
-    """One request: `inputs` by name (numpy; object arrays are BYTES), one output read back."""
+    """One request: `inputs` by name (numpy; object arrays are BYTES), one output read back, or
+    with `outputs` several ({name: array} back)."""
     model: str
     inputs: dict[str, np.ndarray]
     output: str
     parameters: dict = field(default_factory=dict)
-    rows: int | None = None  # expected length of the output's first axis
+    rows: int | None = None  # expected length of each output's first axis
+    outputs: tuple[str, ...] = ()  # requested instead of `output` when given
 
 
 def _tensor(name: str, array: np.ndarray) -> InferInput:
@@ -79,7 +81,8 @@ def _request(call: Call) -> dict:
     except (InferenceServerException, ValueError, TypeError) as exc:
         message = exc.message() if isinstance(exc, InferenceServerException) else str(exc)
         raise PayloadError(f"an input tensor does not convert: {message}") from None
-    return {"model_name": call.model, "inputs": inputs, "outputs": [InferRequestedOutput(call.output)],
+    return {"model_name": call.model, "inputs": inputs,
+            "outputs": [InferRequestedOutput(n) for n in call.outputs or (call.output,)],
             "parameters": call.parameters or None}
 
 
@@ -126,9 +129,9 @@ class AsyncStreamSlot:
         self.busy = False
         channel.slots.append(self)
 
-    async def call(self, call: Call) -> np.ndarray:
-        """-> the output array; raises ReplicaError (and resets the stream), or PayloadError
-        (nothing sent)."""
+    async def call(self, call: Call) -> np.ndarray | dict[str, np.ndarray]:
+        """-> the output array ({name: array} for `outputs`); raises ReplicaError (and resets the
+        stream), or PayloadError (nothing sent)."""
         request = _request(call)
         self.busy = True
         try:
@@ -155,12 +158,15 @@ class AsyncStreamSlot:
         if error is not None:
             await self.close()
             raise ReplicaError(self.url, error.message())
-        rows = result.as_numpy(call.output)
-        if rows is None or (call.rows is not None and (rows.ndim < 1 or rows.shape[0] != call.rows)):
-            await self.close()
-            raise ReplicaError(self.url, f"{call.output} shape {None if rows is None else list(rows.shape)} "
-                                         f"for {call.rows} rows")
-        return rows
+        arrays = {}
+        for name in call.outputs or (call.output,):
+            rows = result.as_numpy(name)
+            if rows is None or (call.rows is not None and (rows.ndim < 1 or rows.shape[0] != call.rows)):
+                await self.close()
+                raise ReplicaError(self.url, f"{name} shape {None if rows is None else list(rows.shape)} "
+                                             f"for {call.rows} rows")
+            arrays[name] = rows
+        return arrays if call.outputs else arrays[call.output]
 
     async def is_ready(self) -> bool:
         return await self.channel.is_ready()

@@ -7,10 +7,17 @@ from .names import (
     DOCUMENTS,
     EMBED,
     EMBEDDER,
+    EMBEDDING_OUTPUTS,
     EMBEDDINGS,
+    EMBEDDINGS_BINARY,
+    EMBEDDINGS_INT8,
+    EMBEDDINGS_UBINARY,
+    EMBEDDINGS_UINT8,
     ENSEMBLE,
     INPUT_IDS,
+    INT8_RANGES,
     MODELS,
+    OUTPUT_OF_TYPE,
     QUERY,
     RERANK,
     RERANK_ENCODER,
@@ -22,6 +29,7 @@ from .names import (
     SEQ_LENS,
     TENSORS,
     TEXT,
+    TEXT_WINDOWS,
     TOKEN_TYPE_IDS,
     TOKENIZER,
     ServedModels,
@@ -29,7 +37,9 @@ from .names import (
 )
 
 __all__ = ["CANCELLED", "CODES", "INTERNAL", "INVALID_ARG", "TRITON_QUEUE_FULL", "UNAVAILABLE", "WireError", "decode",
-           "encode", "DOCUMENTS", "EMBED", "EMBEDDINGS", "ENSEMBLE", "INPUT_IDS", "MODELS", "QUERY", "RERANK",
+           "encode", "DOCUMENTS", "EMBED", "EMBEDDING_OUTPUTS", "EMBEDDINGS", "EMBEDDINGS_BINARY", "EMBEDDINGS_INT8",
+           "EMBEDDINGS_UBINARY", "EMBEDDINGS_UINT8", "ENSEMBLE", "INPUT_IDS", "INT8_RANGES", "MODELS",
+           "OUTPUT_OF_TYPE", "QUERY", "RERANK",
            "RERANK_ENCODER", "RERANK_TOKENIZER", "ROSE_ENCODER", "SCORE", "SCORES", "SEQ_LENS", "TENSORS", "TEXT",
-           "TOKEN_TYPE_IDS", "TOKENIZER", "DEFAULT_EMBEDDER", "DEFAULT_RERANKER", "EMBEDDER", "RERANKER",
-           "ServedModels", "served_models"]
+           "TEXT_WINDOWS", "TOKEN_TYPE_IDS", "TOKENIZER", "DEFAULT_EMBEDDER", "DEFAULT_RERANKER", "EMBEDDER",
+           "RERANKER", "ServedModels", "served_models"]

@@ -8,7 +8,13 @@ DOCUMENTS = "DOCUMENTS"            # BYTES [N]: documents to score against QUERY
 INPUT_IDS = "INPUT_IDS"            # INT64 [num_tokens]: every sequence's ids, concatenated (no padding)
 SEQ_LENS = "SEQ_LENS"              # INT64 [N]: tokens per sequence
 TOKEN_TYPE_IDS = "TOKEN_TYPE_IDS"  # INT64 [num_tokens] or [0]: segment ids of BERT pairs
+TEXT_WINDOWS = "TEXT_WINDOWS"      # INT64 [N] or [0]: sequences (windows) per text, with chunking; [0]: one each
 EMBEDDINGS = "EMBEDDINGS"          # FP32 [N, D]
+EMBEDDINGS_INT8 = "EMBEDDINGS_INT8"        # INT8 [N, D]: scalar-quantized with the model's calibrated ranges
+EMBEDDINGS_UINT8 = "EMBEDDINGS_UINT8"      # UINT8 [N, D]: the same buckets, unsigned
+EMBEDDINGS_BINARY = "EMBEDDINGS_BINARY"    # INT8 [N, ceil(D/8)]: packed sign bits, minus 128
+EMBEDDINGS_UBINARY = "EMBEDDINGS_UBINARY"  # UINT8 [N, ceil(D/8)]: packed sign bits
+INT8_RANGES = "INT8_RANGES"        # FP32 [2, D]: per-dimension [min, max] the int8/uint8 rows were quantized with
 SCORES = "SCORES"                  # FP32 [N]
 
 # Models of the repository (model_repository/) and of the rerank set (model_sets/rerank/).
@@ -21,7 +27,12 @@ SCORE = "score"                    # unary front: QUERY, DOCUMENTS -> SCORES
 RERANK_TOKENIZER = "rerank_tokenizer"  # QUERY, DOCUMENTS -> INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
 RERANK_ENCODER = "rerank_encoder"  # INPUT_IDS, SEQ_LENS[, TOKEN_TYPE_IDS] -> SCORES (decoupled)
 
-TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, EMBEDDINGS, SCORES)
+# Output types a request names (request parameter `embedding_types`) -> the tensor carrying each.
+OUTPUT_OF_TYPE = {"float": EMBEDDINGS, "int8": EMBEDDINGS_INT8, "uint8": EMBEDDINGS_UINT8,
+                  "binary": EMBEDDINGS_BINARY, "ubinary": EMBEDDINGS_UBINARY, "int8_ranges": INT8_RANGES}
+EMBEDDING_OUTPUTS = tuple(OUTPUT_OF_TYPE.values())  # the embedding models' outputs, in config.pbtxt order
+
+TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, TEXT_WINDOWS, *EMBEDDING_OUTPUTS, SCORES)
 MODELS = (ENSEMBLE, EMBED, TOKENIZER, ROSE_ENCODER, RERANK, SCORE, RERANK_TOKENIZER, RERANK_ENCODER)
 
 # Served models by name (scripts/serve.sh --model NAME=DIR / --rerank-model NAME=DIR, or a

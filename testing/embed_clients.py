@@ -10,7 +10,17 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from rose_wire import EMBED, EMBEDDINGS, ENSEMBLE, TEXT
+from rose_wire import (
+    EMBED,
+    EMBEDDINGS,
+    EMBEDDINGS_BINARY,
+    EMBEDDINGS_INT8,
+    EMBEDDINGS_UBINARY,
+    EMBEDDINGS_UINT8,
+    ENSEMBLE,
+    INT8_RANGES,
+    TEXT,
+)
 
 
 def _text_array(texts) -> np.ndarray:
@@ -66,3 +76,58 @@ def embed_unary_http(http_url: str, texts, parameters: dict | None = None, model
     """Plain `client.infer` over HTTP on the unary `embed` model (or `model`)."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
     return _infer_unary(httpclient, client, texts, parameters, model)
+
+
+# Several outputs at once (the compact types): {output name: array}, only the outputs the reply carries.
+_DTYPES = {EMBEDDINGS: np.float32, EMBEDDINGS_INT8: np.int8, EMBEDDINGS_UINT8: np.uint8,
+           EMBEDDINGS_BINARY: np.int8, EMBEDDINGS_UBINARY: np.uint8, INT8_RANGES: np.float32}
+
+
+def stream_outputs(grpc_url: str, inputs: dict, outputs=(), parameters: dict | None = None,
+                   model: str = ENSEMBLE, timeout: float = 120) -> dict:
+    """gRPC streaming; `inputs`: {name: numpy array} (object arrays are BYTES); `outputs`: the
+    requested outputs (none: Triton's default, all of them)."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        tensors = []
+        for name, array in inputs.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype == object else "INT64")
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        client.async_stream_infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] or None,
+                                  parameters=parameters)
+        result, error = results.get(timeout=timeout)
+    finally:
+        client.stop_stream()
+        client.close()
+    if error is not None:
+        raise error
+    return {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
+
+
+def generate_outputs(http_url: str, texts, parameters: dict | None = None, timeout: float = 120) -> dict:
+    """HTTP `generate` on `ensemble`: every output in the reply, reshaped ([2, D] ranges, else [N, ...])."""
+    body = {TEXT: list(texts), **({"parameters": parameters} if parameters else {})}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{ENSEMBLE}/generate",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        reply = json.load(response)
+    return {n: np.asarray(reply[n], dtype=d).reshape(2 if n == INT8_RANGES else len(texts), -1)
+            for n, d in _DTYPES.items() if n in reply}
+
+
+def unary_outputs(protocol, url: str, texts, outputs=(), parameters: dict | None = None) -> dict:
+    """`client.infer` on `embed`; `protocol` is tritonclient.grpc or .http."""
+    client = protocol.InferenceServerClient(url)
+    try:
+        text = protocol.InferInput(TEXT, [len(texts)], "BYTES")
+        text.set_data_from_numpy(_text_array(texts))
+        requested = [protocol.InferRequestedOutput(n) for n in outputs] or None
+        result = client.infer(EMBED, [text], outputs=requested, parameters=parameters)
+        names = [o.name for o in result.get_response().outputs] if protocol is grpcclient else \
+            [o["name"] for o in result.get_response()["outputs"]]
+        return {n: result.as_numpy(n) for n in names}
+    finally:
+        client.close()

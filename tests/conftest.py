@@ -47,8 +47,10 @@ def server(tmp_path_factory, session_servers):
 
     folder = tmp_path_factory.mktemp("triton")
     hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
+    # its own int8 calibration cache (tests/e2e/test_quantized_e2e.py sees it computed and written)
     instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True,
-                            env={**hold.env, **tokenizer_hold.env})
+                            env={**hold.env, **tokenizer_hold.env, "ROSE_CACHE_DIR": str(folder / "cache")})
+    instance.cache_dir = folder / "cache"
     instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     session_servers.append(instance)
     return instance

@@ -2,17 +2,36 @@
 from __future__ import annotations
 
 import logging
+import os
+from typing import Callable, Optional
 
 from engine_lib.config import AUTO, EncoderConfig
+from engine_lib.model_folder import folder_fingerprint
 from engine_lib.runner.step_threads import StepThreads, flops_per_token
 from engine_lib.service.batching import BatchingService
+from engine_lib.service.calibration import Calibration, Sequences, cache_key, default_cache_dir
 from engine_lib.service.endpoint import Endpoint
 
 log = logging.getLogger(__name__)
 
 
-def build_endpoint(config: EncoderConfig, **engine_options) -> Endpoint:
-    """`engine_options` go to ModelRunner as they are (tests and the GPU check inject a graph capture)."""
+def calibration_for(engine, cache_dir: str, sequences: Callable[[str], Sequences]) -> Calibration:
+    """The engine's int8 calibration: `sequences(model_dir)` tokenizes the calibration texts
+    (engine_lib/tokenization/calibration.py); rows cached under `cache_dir` ("" = default_cache_dir())."""
+    directory = os.path.join(cache_dir or default_cache_dir(), "calibration")
+    kind = f"{engine.device.type}:{engine.dtype}"
+
+    def cache_file(seqs: Sequences) -> str:
+        return os.path.join(directory, cache_key(folder_fingerprint(engine.model_dir), seqs, kind) + ".npy")
+
+    return Calibration(lambda: sequences(engine.model_dir), cache_file)
+
+
+def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callable[[str], Sequences]] = None,
+                   **engine_options) -> Endpoint:
+    """`engine_options` go to ModelRunner as they are (tests and the GPU check inject a graph capture).
+    `calibration_sequences(model_dir)`: the int8 calibration's token ids (embedding task only; None: no
+    int8/uint8 outputs)."""
     import torch
 
     from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens
@@ -41,7 +60,11 @@ def build_endpoint(config: EncoderConfig, **engine_options) -> Endpoint:
                     config.max_batch_sequences)
     if engine.device.type == "cpu" and not config.num_threads:  # auto: threads by each step's work
         engine = StepThreads(engine, torch.get_num_threads(), flops_per_token(engine.model), torch.set_num_threads)
+    calibration = None
+    if calibration_sequences is not None and config.task == "embed":
+        calibration = calibration_for(engine, config.cache_dir, calibration_sequences)
     return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
-                                  config.max_inflight_batches, config.max_queued_tokens,
-                                  config.max_queued_requests, hold_file=config.test_hold_file,
-                                  batch_promote_s=config.batch_promote_ms / 1000))
+                                    config.max_inflight_batches, config.max_queued_tokens,
+                                    config.max_queued_requests, hold_file=config.test_hold_file,
+                                    batch_promote_s=config.batch_promote_ms / 1000),
+                    calibration=calibration)

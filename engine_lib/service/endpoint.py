@@ -5,8 +5,11 @@ optionally flat TOKEN_TYPE_IDS (segment ids of BERT pairs), and its options
 (RequestOptions for embeddings, RerankOptions for scores). `Endpoint.submit`
 checks them against the engine's limits (InputError names the field), hands
 the flat ids and lengths to the service in the request's priority class (its
-`priority` option, else engine_lib.options.default_priority by its size), and turns the service's raw rows into the
-answer (engine_lib/service/outputs.py: embedding rows or scores).
+`priority` option, else engine_lib.options.default_priority by its size), and turns the service's raw
+rows into the answer (engine_lib/service/outputs.py: {tensor name: array}, embedding rows in the
+types the request names, or scores). int8/uint8 rows wait for the model's
+calibration (calibration.py) the first time; a request for the ranges alone
+(`int8_ranges`) is answered from it without running its sequences.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import numpy as np
 from engine_lib.errors import InputError
 from engine_lib.options import default_priority
 from engine_lib.service.batching import BatchingService, DoneCallback
-from engine_lib.service.outputs import finish_rows, normalize_rows, output_for  # noqa: F401 (finish_rows, normalize_rows: re-exported)
-from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
+from engine_lib.service.outputs import finish_rows, normalize_rows, output_for, pool_windows  # noqa: F401 (finish_rows, normalize_rows: re-exported)
+from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 log = logging.getLogger(__name__)
 
@@ -80,36 +83,66 @@ def check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
     return token_types.astype(np.int64, copy=False)
 
 
+def check_windows(windows: Optional[np.ndarray], num_sequences: int) -> Optional[np.ndarray]:
+    """Sequences per text (chunking), each >= 1, summing to the sequences sent; None or empty: one each."""
+    if windows is None or windows.size == 0:
+        return None
+    if windows.ndim != 1 or windows.min() < 1 or int(windows.sum()) != num_sequences:
+        raise InputError(f"TEXT_WINDOWS must count >= 1 sequence per text and sum to the {num_sequences} "
+                         f"sequences of SEQ_LENS", field=TEXT_WINDOWS)
+    return windows.astype(np.int64, copy=False)
+
+
 class Endpoint:
     """What the encoder model's adapter calls: validated requests in, finished answers out."""
 
-    def __init__(self, service: BatchingService, output=None):
+    def __init__(self, service: BatchingService, output=None, calibration=None):
         self.service = service
         self.limits = EndpointLimits.of(service)
         self.output = output or output_for(service.engine)  # EmbeddingOutput or ScoreOutput
+        self.calibration = calibration  # calibration.Calibration: int8 ranges (None: int8/uint8 refused)
 
     def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options, on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None,
-               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None) -> int:
-        """Queue one request; raises InputError/OverloadError before queuing anything.
-        `received_at`: time.perf_counter() when the adapter got it (hop timing)."""
+               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None,
+               text_windows: Optional[np.ndarray] = None) -> int:
+        """Queue one request; raises InputError/OverloadError before queuing anything. `on_done`
+        gets ({tensor name: array}, None) or (None, error). `received_at`: time.perf_counter()
+        when the adapter got it (hop timing). `text_windows`: sequences per text (chunking=mean),
+        pooled into one row each (outputs.pool_windows) before the answer is made."""
+        needs_ranges = self.output.needs_ranges(options)
         try:
             input_ids, lens = check_sequences(input_ids, seq_lens, self.limits)
             token_types = check_token_types(token_types, input_ids.size, self.limits)
+            text_windows = check_windows(text_windows, len(lens))
             self.output.check(options)
+            if needs_ranges and self.calibration is None:
+                raise InputError("this encoder has no calibration for int8/uint8 outputs", "embedding_types")
         except InputError:
             self.service.metrics.count("rose_requests_total", outcome="invalid")
             raise
 
-        def finish(rows, error):
-            if rows is not None:
+        def answer(rows, error):
+            result = None
+            if error is None:
                 try:
-                    rows = self.output.finish(rows, options)
+                    result = self.output.answer(rows, options, self.calibration)
                 except Exception as exc:  # answered as an error: a request is never left without one
                     log.exception("post-processing the rows failed")
-                    rows, error = None, RuntimeError(f"post-processing the rows failed: {exc!r}")
-            on_done(rows, error)  # if this raises, the service answers the request with an error
+                    error = RuntimeError(f"post-processing the rows failed: {exc!r}")
+            on_done(result, error)  # if this raises, the service answers the request with an error
 
+        def finish(rows, error):
+            if rows is not None and text_windows is not None:
+                rows = pool_windows(rows, lens, text_windows)
+            if rows is None or not needs_ranges:
+                answer(rows, error)
+            else:
+                self.calibration.when_ready(self.service.submit, lambda failed: answer(rows, failed))
+
+        if self.output.only_ranges(options):
+            self.calibration.when_ready(self.service.submit, lambda failed: answer(None, failed))
+            return 0
         priority = getattr(options, "priority", "") or default_priority(len(lens), input_ids.size)
         return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at, priority)
 

@@ -1,14 +1,53 @@
-"""What the encoder answers per request: embedding rows or one score per document.
+"""What the encoder answers per request: embedding rows (float and compact types) or one score per document.
 
-The service hands back raw engine rows per request; `finish` turns them into
-the response tensor, `check` refuses options the model cannot honour.
+The service hands back raw engine rows per request; `answer` turns them into
+the response tensors by name (`finish`: the first output alone), `check` refuses
+options the model cannot honour, `select` decides which outputs a request gets.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Sequence
+
 import numpy as np
 
-from engine_lib.options import RequestOptions, RerankOptions
-from rose_wire import EMBEDDINGS, SCORES
+from engine_lib.options import RequestOptions, RerankOptions, parse_embedding_types
+from engine_lib.service.quantize import pack_signs, quantize_scalar
+from rose_wire import EMBEDDINGS, OUTPUT_OF_TYPE, SCORES
+
+TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
+CALIBRATED_TYPES = ("int8", "uint8", "int8_ranges")  # need the model's calibrated ranges
+
+
+def select_outputs(declared: Sequence[str], requested: Sequence[str], from_parameter: Sequence[str]) -> list[str]:
+    """The outputs a request gets, in `declared` order. Outputs the client named (requested
+    outputs) are what Triton passes back to it, so they decide. When every declared output is
+    requested, none was named: Triton requests them all then, and an ensemble asks its steps for
+    all their mapped outputs whatever its client named; the parameter `embedding_types`
+    (`from_parameter`, tensor names) decides, else the first declared output (EMBEDDINGS, SCORES)."""
+    if requested and set(requested) != set(declared):
+        wanted = set(requested)
+    else:
+        wanted = set(from_parameter)
+    return [n for n in declared if n in wanted] or list(declared[:1])
+
+
+def requested_outputs(parameters: dict | str | None, requested: Sequence[str], declared: Sequence[str]) -> list[str]:
+    """select_outputs from a request's raw parameters (the unary fronts: the BLS call's outputs)."""
+    if isinstance(parameters, dict) and EMBEDDINGS in declared:
+        named = [OUTPUT_OF_TYPE[t] for t in parse_embedding_types(parameters.get("embedding_types"))]
+    else:
+        named = []
+    return select_outputs(declared, requested, named)
+
+
+def pool_windows(rows: np.ndarray, seq_lens: Sequence[int], windows: np.ndarray) -> np.ndarray:
+    """Raw rows of every window [num_windows, H] -> one per text [len(windows), H]: the mean of a
+    text's windows' rows weighted by their token counts (chunking=mean; before `dimensions`)."""
+    weights = np.asarray(seq_lens, dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(windows)[:-1]])
+    sums = np.add.reduceat(rows.astype(np.float64) * weights[:, None], starts, axis=0)
+    return (sums / np.add.reduceat(weights, starts)[:, None]).astype(np.float32)
 
 
 def normalize_rows(rows: np.ndarray) -> np.ndarray:
@@ -26,7 +65,8 @@ def finish_rows(rows: np.ndarray, options: RequestOptions) -> np.ndarray:
 
 
 class EmbeddingOutput:
-    """EMBEDDINGS FP32 [N, D]: Matryoshka cut (`dimensions`), then L2 normalisation (`normalize`)."""
+    """EMBEDDINGS FP32 [N, D]: Matryoshka cut (`dimensions`), then L2 normalisation (`normalize`);
+    from those rows the compact types (quantize.py) and the int8 ranges they used."""
 
     name = EMBEDDINGS
     options_type = RequestOptions
@@ -34,11 +74,38 @@ class EmbeddingOutput:
     def __init__(self, width: int):
         self.width = width
 
+    def select(self, options: RequestOptions, requested: Sequence[str], declared: Sequence[str]) -> RequestOptions:
+        """`options` with `embedding_types` set to the types this request gets (select_outputs)."""
+        names = select_outputs(declared, requested, [OUTPUT_OF_TYPE[t] for t in options.embedding_types])
+        return dataclasses.replace(options, embedding_types=tuple(TYPE_OF_OUTPUT[n] for n in names))
+
     def check(self, options: RequestOptions) -> None:
         options.check_width(self.width)
 
+    @staticmethod
+    def needs_ranges(options: RequestOptions) -> bool:
+        return any(t in CALIBRATED_TYPES for t in options.embedding_types)
+
+    @staticmethod
+    def only_ranges(options: RequestOptions) -> bool:
+        return options.embedding_types == ("int8_ranges",)
+
     def finish(self, rows: np.ndarray, options: RequestOptions) -> np.ndarray:
         return finish_rows(rows, options)
+
+    def answer(self, rows: np.ndarray | None, options: RequestOptions, calibration=None) -> dict[str, np.ndarray]:
+        """-> {tensor name: array} for each of `options.embedding_types` (float alone when none).
+        `calibration` (calibration.Calibration, ready) gives the int8 ranges; `rows` None: ranges only."""
+        kinds = options.embedding_types or ("float",)
+        ranges = calibration.ranges(options) if self.needs_ranges(options) else None
+        floats = self.finish(rows, options) if rows is not None else None
+        made = {"int8_ranges": lambda: ranges,
+                "float": lambda: floats,
+                "int8": lambda: quantize_scalar(floats, ranges, signed=True),
+                "uint8": lambda: quantize_scalar(floats, ranges, signed=False),
+                "binary": lambda: pack_signs(floats, signed=True),
+                "ubinary": lambda: pack_signs(floats, signed=False)}
+        return {OUTPUT_OF_TYPE[kind]: made[kind]() for kind in kinds}
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -57,13 +124,27 @@ class ScoreOutput:
             raise ValueError(f"unknown score activation {activation!r}")
         self.activation = activation
 
+    def select(self, options: RerankOptions, requested: Sequence[str], declared: Sequence[str]) -> RerankOptions:
+        return options
+
     def check(self, options: RerankOptions) -> None:
         pass
+
+    @staticmethod
+    def needs_ranges(options: RerankOptions) -> bool:
+        return False
+
+    @staticmethod
+    def only_ranges(options: RerankOptions) -> bool:
+        return False
 
     def finish(self, rows: np.ndarray, options: RerankOptions) -> np.ndarray:
         logits = rows[:, 0].astype(np.float64)
         scores = logits if options.raw_scores else self.ACTIVATIONS[self.activation](logits)
         return np.ascontiguousarray(scores, dtype=np.float32)
+
+    def answer(self, rows: np.ndarray, options: RerankOptions, calibration=None) -> dict[str, np.ndarray]:
+        return {SCORES: self.finish(rows, options)}
 
 
 def output_for(engine):

@@ -17,7 +17,7 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
 from engine_lib.tokenization.text import TextTokenizer
-from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TOKEN_TYPE_IDS
+from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 Tensors = Mapping[str, "np.ndarray | None"]
 
@@ -40,7 +40,8 @@ def wait_while_held(hold_file: str) -> None:
 
 
 class TextStep:
-    """TEXT -> INPUT_IDS + SEQ_LENS (request options: input_type, truncate)."""
+    """TEXT -> INPUT_IDS + SEQ_LENS + TEXT_WINDOWS (request options: input_type, truncate,
+    truncation_direction, chunking; TEXT_WINDOWS is empty, one sequence a text, unless chunking)."""
     config_cls = TokenizerConfig
     inputs = (TEXT,)
 
@@ -53,8 +54,11 @@ class TextStep:
             wait_while_held(self.hold_file)
         options = RequestOptions.from_parameters(parameters)
         texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
-        input_ids, seq_lens = self.tokenizer.encode(texts, options)
-        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens.astype(np.int64)}
+        if options.chunking == "mean":
+            input_ids, seq_lens, windows = self.tokenizer.encode_windows(texts, options)
+        else:
+            (input_ids, seq_lens), windows = self.tokenizer.encode(texts, options), np.zeros(0, dtype=np.int64)
+        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens.astype(np.int64), TEXT_WINDOWS: windows}
 
 
 class PairStep:

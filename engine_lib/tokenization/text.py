@@ -8,7 +8,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine_lib.config import TokenizerConfig
-from engine_lib.errors import InputError
+from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.long_text import cut_long_text
@@ -32,8 +32,12 @@ def template_prefixes(folder: ModelFolder, config: TokenizerConfig) -> dict[str,
     """Prefix per input_type: the config parameter, else the folder's sentence-transformers
     prompts, else the family default (Qwen3: the instruction template for queries)."""
     prompts = folder.st_prompts
+    document = config.document_prefix or prompts.get("document") or ""
     return {"query": config.query_prefix or prompts.get("query") or FAMILY_QUERY_PREFIX.get(folder.model_type, ""),
-            "document": config.document_prefix or prompts.get("document") or ""}
+            "document": document,
+            # the folder's prompts of these names where it has them (e.g. nomic-embed's), else the document's
+            "classification": prompts.get("classification") or document,
+            "clustering": prompts.get("clustering") or document}
 
 
 def load_tokenizer(folder: ModelFolder) -> Tokenizer:
@@ -65,9 +69,14 @@ class TextTokenizer:
         self._full = load_tokenizer(folder)
         self.prefixes = template_prefixes(folder, config)
         self.append_eos_id = self._eos_to_append(folder) if folder.pooling == "lasttoken" else None
-        self._truncating = Tokenizer.from_file(folder.tokenizer_path)
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(self.max_length - (self.append_eos_id is not None))
+        self._truncating = {direction: self._truncating_tokenizer(folder, direction) for direction in ("right", "left")}
+
+    def _truncating_tokenizer(self, folder: ModelFolder, direction: str) -> Tokenizer:
+        """Truncation of the templated text, special tokens kept (left: its end is kept)."""
+        tokenizer = Tokenizer.from_file(folder.tokenizer_path)
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(self.max_length - (self.append_eos_id is not None), direction=direction)
+        return tokenizer
 
     def _eos_to_append(self, folder: ModelFolder) -> int | None:
         """Last-token pooling reads the EOS token: append it unless the tokenizer already does."""
@@ -83,11 +92,13 @@ class TextTokenizer:
         return decode_texts(raw, self.config)
 
     def template(self, text: str, input_type: str) -> str:
-        return self.prefixes["query" if input_type == "query" else "document"] + text
+        return self.prefixes.get(input_type, self.prefixes["document"]) + text
 
     def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
-        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts])."""
-        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length)
+        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts]). An over-long text
+        (template included) loses its end (`truncation_direction` right) or its start (left)."""
+        keep_end = options.truncation_direction == "left"
+        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length, keep_end)
                      for t in texts]
         extra = self.append_eos_id is not None
         encodings = [e.ids for e in self._full.encode_batch(templated)]
@@ -97,10 +108,57 @@ class TextTokenizer:
             raise InputError(f"TEXT[{i}] has {len(encodings[i]) + extra} tokens, more than the model's maximum "
                              f"of {self.max_length}, and truncate=false", field=TEXT)
         if too_long:
-            for i, enc in zip(too_long, self._truncating.encode_batch([templated[i] for i in too_long])):
+            truncating = self._truncating[options.truncation_direction]
+            for i, enc in zip(too_long, truncating.encode_batch([templated[i] for i in too_long])):
                 encodings[i] = enc.ids
         if extra:
             encodings = [ids + [self.append_eos_id] for ids in encodings]
         seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
         input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
         return input_ids, seq_lens
+
+    def encode_windows(self, texts: Sequence[str], options: RequestOptions
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """chunking=mean: -> (flat input_ids, seq_lens of every window, windows per text). A text
+        within the maximum is one window, its ids exactly `encode`'s; a longer one is split into
+        consecutive windows of its own tokens, no overlap, each with the template prefix and the
+        special tokens (and EOS) a text gets, at most `max_length` tokens in all; more than
+        `max_windows_per_text` windows is InputTooLarge."""
+        limit = self.config.max_windows_per_text
+        windows: list[list[int]] = []
+        counts = []
+        for i, text in enumerate(texts):
+            prefix = self.prefixes.get(options.input_type, self.prefixes["document"])
+            templated = cut_long_text(self._full, prefix + text, self.max_length * (limit + 1))
+            parts = self._windows(templated, len(prefix))
+            if len(parts) > limit:
+                raise InputTooLarge(f"TEXT[{i}] needs more than {limit} windows of {self.max_length} tokens "
+                                    f"(max_windows_per_text); split it", TEXT)
+            windows += parts
+            counts.append(len(parts))
+        seq_lens = np.fromiter((len(w) for w in windows), dtype=np.int64, count=len(windows))
+        input_ids = np.fromiter((t for w in windows for t in w), dtype=np.int64, count=int(seq_lens.sum()))
+        return input_ids, seq_lens, np.array(counts, dtype=np.int64)
+
+    def _windows(self, templated: str, prefix_chars: int) -> list[list[int]]:
+        encoding = self._full.encode(templated)
+        ids, special = encoding.ids, encoding.special_tokens_mask
+        eos = [self.append_eos_id] if self.append_eos_id is not None else []
+        if len(ids) + len(eos) <= self.max_length:
+            return [ids + eos]
+        head = 0
+        while head < len(ids) and special[head]:
+            head += 1
+        tail = len(ids)
+        while tail > head and special[tail - 1]:
+            tail -= 1
+        # body tokens ending inside the template prefix are the prefix's: every window repeats them
+        prefix = sum(1 for start, end in encoding.offsets[head:tail] if end <= prefix_chars)
+        fixed = ids[:head + prefix]
+        closing = ids[tail:] + eos
+        room = self.max_length - len(fixed) - len(closing)
+        if room < 1:
+            raise InputError(f"the template leaves no room for text within {self.max_length} tokens", TEXT)
+        body = ids[head + prefix:tail]
+        return [fixed + body[at:at + room] + closing for at in range(0, len(body), room)]
+

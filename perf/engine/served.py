@@ -28,6 +28,7 @@ from engine_lib.options import RequestOptions
 from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.service.build import build_endpoint
+from rose_wire import EMBEDDINGS
 
 from ..machine import flops_per_token, gemm_flops
 from ..measure import latency_loop, latency_stats, threaded_loop
@@ -73,7 +74,7 @@ def embed(endpoint, request, timeout: float = 120.0) -> np.ndarray:
         raise TimeoutError("request not answered")
     if box["error"] is not None:
         raise box["error"]
-    return box["rows"]
+    return box["rows"][EMBEDDINGS]
 
 
 def concurrent_check(endpoint, reference: ModelRunner, sizes: dict, vocab: int) -> dict:

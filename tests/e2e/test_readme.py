@@ -32,3 +32,24 @@ def test_readme_openai_examples_run(server, capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "dimensions: 384" in out and "cosine(query, answer) =" in out
+
+
+def _section(title: str, level: str = "## ") -> str:
+    return README.read_text().split(f"\n{level}{title}\n", 1)[1].split(f"\n{level}", 1)[0]
+
+
+def test_readme_compact_types_example_runs(server, capsys):
+    """The tritonclient call asking for EMBEDDINGS_UBINARY (and int8 with its ranges), verbatim."""
+    (code,) = re.findall(r"```python\n(.*?)```", _section("Compact output types", "### "), flags=re.S)
+    exec(compile(code.replace("localhost:8001", server.grpc_url), "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "hamming(query, answer) =" in out and "cosine of the de-quantized rows =" in out
+
+
+def test_readme_cohere_example_runs(server, capsys):
+    import pytest
+
+    pytest.importorskip("cohere", reason="the cohere SDK (requirements-test.lock) is not installed")
+    (code,) = re.findall(r"```python\n(.*?)```", _section("Cohere-compatible API (compact types)"), flags=re.S)
+    exec(compile(code.replace("http://127.0.0.1:8080", server.gateway_url), "README.md", "exec"), {})
+    assert "int8: (2, 384) ubinary: (2, 48)" in capsys.readouterr().out

@@ -5,13 +5,15 @@ The same file serves every unary front of the assembled repository: `embed`
 `rerank_encoder`, SCORES). The tokenize step (engine_lib.tokenization.steps) is the
 one the `tokenizer_model` runs, built from that model's config.pbtxt parameters
 and ROSE_* environment, so ids equal the ensemble's; the encoder is `encoder_model`,
-which must answer within `bls_timeout_s` (rose_triton/front.py).
+which must answer within `bls_timeout_s` (rose_triton/front.py). It asks the encoder for
+the outputs its client wants (engine_lib/service/outputs.py: requested_outputs).
 """
 import asyncio
 import json
 
 import triton_python_backend_utils as pb_utils
 
+from engine_lib.service.outputs import requested_outputs
 from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import relayed_error, triton_error
 from rose_triton.front import FrontConfig, exec_decoupled
@@ -51,15 +53,16 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             arrays[name] = None if tensor is None else tensor.as_numpy()
         tensors = self.tokenize(arrays, parameters)
+        wanted = requested_outputs(parameters, request.requested_output_names(), self.outputs)
         encoder = self.config.encoder_model
         bls = pb_utils.InferenceRequest(
             model_name=encoder, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
-            requested_output_names=self.outputs, parameters=parameters)
+            requested_output_names=wanted, parameters=parameters)
         responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s)
         for response in responses:
             if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
                 return pb_utils.InferenceResponse(error=relayed_error(pb_utils, response.error()))
-            outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in self.outputs]
+            outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in wanted]
             if all(t is not None for t in outputs):
                 return pb_utils.InferenceResponse(output_tensors=outputs)
-        raise RuntimeError(f"{encoder} returned no {self.outputs}")
+        raise RuntimeError(f"{encoder} returned no {wanted}")

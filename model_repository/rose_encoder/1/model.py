@@ -1,8 +1,9 @@
 """Triton adapter (decoupled): requests -> engine_lib's Endpoint (pool, priority-class batches, LazyTensors).
 
 The same file serves every encoder of the assembled repository: `rose_encoder`
-(task embed -> EMBEDDINGS) and `rerank_encoder` (task score -> SCORES, with
-optional TOKEN_TYPE_IDS); the output name is the one its config.pbtxt declares.
+(task embed -> EMBEDDINGS and its compact types) and `rerank_encoder` (task score ->
+SCORES, with optional TOKEN_TYPE_IDS); its first declared output is the one the
+task gives. Which outputs a request gets: engine_lib/service/outputs.py (select_outputs).
 """
 import dataclasses
 import time
@@ -13,19 +14,20 @@ from engine_lib.config import EncoderConfig
 from engine_lib.errors import InputError, OverloadError
 from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
+from engine_lib.tokenization.calibration import calibration_sequences
 from rose_triton.errors import triton_error
 from rose_triton.metrics import TritonMetricSink
 from rose_triton.parameters import input_names, instance_device, load_config, output_names
-from rose_wire import INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS
+from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _respond(sender, name, result, error):
+def _respond(sender, result, error):
     if error is not None:
         response = pb_utils.InferenceResponse(error=triton_error(pb_utils, error))
     else:
-        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, result)])
+        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in result.items()])
     sender.send(response, flags=FINAL)
 
 
@@ -38,11 +40,13 @@ class TritonPythonModel:
     def initialize(self, args):
         try:
             config = load_config(EncoderConfig, args)
-            self.encoder = build_endpoint(dataclasses.replace(config, device=instance_device(args, config.device)))
-            self.output_name = output_names(args)[0]
+            self.encoder = build_endpoint(dataclasses.replace(config, device=instance_device(args, config.device)),
+                                          calibration_sequences)
+            self.outputs = output_names(args)
             self.takes_token_types = TOKEN_TYPE_IDS in input_names(args)
-            if self.output_name != self.encoder.output.name:
-                raise ValueError(f"config.pbtxt declares output {self.output_name!r} but the task gives "
+            self.takes_windows = TEXT_WINDOWS in input_names(args)
+            if self.outputs[0] != self.encoder.output.name:
+                raise ValueError(f"config.pbtxt declares output {self.outputs[0]!r} first but the task gives "
                                  f"{self.encoder.output.name!r}")
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
@@ -51,23 +55,25 @@ class TritonPythonModel:
 
     def execute(self, requests):
         received_at = time.perf_counter()
-        name, options_type = self.output_name, self.encoder.output.options_type
+        output, name = self.encoder.output, self.outputs[0]
         for request in requests:
             sender = request.get_response_sender()
             try:
                 input_ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS).as_numpy()
                 seq_lens = pb_utils.get_input_tensor_by_name(request, SEQ_LENS).as_numpy()
-                options = options_type.from_parameters(request.parameters())
+                options = output.select(output.options_type.from_parameters(request.parameters()),
+                                        request.requested_output_names(), self.outputs)
                 self.encoder.submit(input_ids, seq_lens, options,
-                                    lambda result, error, sender=sender: _respond(sender, name, result, error),
+                                    lambda result, error, sender=sender: _respond(sender, result, error),
                                     is_cancelled=sender.is_cancelled,
                                     token_types=_optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
-                                    received_at=received_at)
+                                    received_at=received_at,
+                                    text_windows=_optional_input(request, TEXT_WINDOWS) if self.takes_windows else None)
             except (InputError, OverloadError) as exc:
-                _respond(sender, name, None, exc)
+                _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response
                 pb_utils.Logger.log_error(f"{name} encoder: request failed: {exc!r}")
-                _respond(sender, name, None, exc)
+                _respond(sender, None, exc)
         return None
 
     def finalize(self):

@@ -160,3 +160,16 @@ def test_gpu_bf16_within_cosine_of_fp32_reference(tmp_path, cuda_graphs):
     batch = PackedBatch.from_sequences(sequences)
     for _ in range(3):  # eager, capture, replay when graphs are on
         assert cosine_rows(engine.step(batch).wait(), expected).min() >= MIN_COSINE
+
+
+def test_chunking_windows_each_end_with_eos_and_carry_the_prefix(qwen3_tokenizer_folder):
+    config = TokenizerConfig(query_prefix="hello ")
+    tokenizer = TextTokenizer(str(qwen3_tokenizer_folder), config, max_length=5)
+    eos, hello = tokenizer._full.token_to_id(EOS), tokenizer._full.token_to_id("hello")
+    ids, lens, windows = tokenizer.encode_windows(["a b c a b c a"], RequestOptions(input_type="query",
+                                                                                    chunking="mean"))
+    parts = [p.tolist() for p in np.split(ids, np.cumsum(lens)[:-1])]
+    assert windows.tolist() == [3] and all(len(p) <= 5 for p in parts)
+    assert all(p[0] == hello and p[-1] == eos for p in parts)  # prefix and EOS in every window
+    body = tokenizer._full.encode("a b c a b c a").ids
+    assert sum((p[1:-1] for p in parts), []) == body

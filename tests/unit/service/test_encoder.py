@@ -8,6 +8,7 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 from engine_lib.service.endpoint import Endpoint, finish_rows
 from engine_lib.service.outputs import EmbeddingOutput
+from rose_wire import EMBEDDINGS
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service
 
 RAW = RequestOptions(normalize=False)
@@ -62,10 +63,11 @@ def test_options_apply_per_request():
     encode(encoder, replies, "unit", [[3, 4]], RequestOptions(normalize=True))
     encode(encoder, replies, "both", [[3, 4]], RequestOptions(normalize=True, dimensions=2))
     replies.wait_for(3)
-    np.testing.assert_array_equal(replies.results["cut"][0], [[3, 2]])
+    np.testing.assert_array_equal(replies.results["cut"][0][EMBEDDINGS], [[3, 2]])
     raw = np.array([expected_row([3, 4])], dtype=np.float32)
-    np.testing.assert_allclose(replies.results["unit"][0], raw / np.linalg.norm(raw), rtol=1e-6)
-    np.testing.assert_allclose(replies.results["both"][0], [[3 / np.hypot(3, 2), 2 / np.hypot(3, 2)]], rtol=1e-6)
+    np.testing.assert_allclose(replies.results["unit"][0][EMBEDDINGS], raw / np.linalg.norm(raw), rtol=1e-6)
+    np.testing.assert_allclose(replies.results["both"][0][EMBEDDINGS], [[3 / np.hypot(3, 2), 2 / np.hypot(3, 2)]],
+                               rtol=1e-6)
     with pytest.raises(InputError, match="'dimensions' is 5; the model has 4") as refused:
         encode(encoder, replies, "wide", [[1]], RequestOptions(dimensions=5))
     assert refused.value.field == "dimensions"

@@ -20,6 +20,7 @@ from engine_lib.options import (
     default_priority,
 )
 from engine_lib.service.endpoint import Endpoint
+from rose_wire import EMBEDDINGS
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service
 
 RAW = RequestOptions(normalize=False)
@@ -76,9 +77,9 @@ def test_a_small_request_goes_ahead_of_a_large_one_queued_before_it():
     replies.wait_for(3)
     assert engine.batches[1][0] == [7, 7]
     for name, seqs in (("bulk", bulk), ("query", [[7, 7]])):
-        rows, error = replies.results[name]
+        result, error = replies.results[name]
         assert error is None
-        np.testing.assert_array_equal(rows, [expected_row(s) for s in seqs])
+        np.testing.assert_array_equal(result[EMBEDDINGS], [expected_row(s) for s in seqs])
     metrics = endpoint.service.metrics
     assert metrics.total("rose_priority_tokens_total", priority=BATCH) == len(bulk)
     assert metrics.total("rose_priority_tokens_total", priority=INTERACTIVE) == 1 + 2

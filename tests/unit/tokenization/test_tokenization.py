@@ -105,3 +105,75 @@ def test_integer_options_take_the_int64_range_and_digits_only_outside_json_bodie
 def test_options_from_triton_json():
     options = RequestOptions.from_parameters('{"normalize": false, "dimensions": 64, "triton_x": 1}')
     assert options == RequestOptions(normalize=False, dimensions=64)
+
+
+@pytest.mark.parametrize("text", [
+    " ".join(f"w{i} sentence {i}." for i in range(200)),       # past the maximum: truncated
+    " ".join(f"w{i} sentence {i}." for i in range(3000)),      # past the character cut too (long_text.py)
+])
+def test_truncation_from_the_left_keeps_the_end_as_transformers_does(model_dir, text):
+    from transformers import AutoTokenizer
+
+    ours = TextTokenizer(model_dir, TokenizerConfig())
+    for side, direction in (("left", "left"), ("right", "right")):
+        reference = AutoTokenizer.from_pretrained(model_dir, truncation_side=side)
+        expected = reference(text, truncation=True, max_length=256)["input_ids"]
+        ids, lens = ours.encode([text], RequestOptions(truncation_direction=direction))
+        assert ids.tolist() == expected and lens.tolist() == [256], direction
+    left, _ = ours.encode([text], RequestOptions(truncation_direction="left"))
+    assert left[-2] == ours._full.encode(text).ids[-2]  # the text's last token before [SEP]
+
+
+@pytest.mark.parametrize("value", ["middle", "LEFT", 1, True])
+def test_truncation_direction_values_are_refused_naming_the_field(value):
+    with pytest.raises(InputError, match="truncation_direction") as refused:
+        RequestOptions.from_parameters({"truncation_direction": value})
+    assert refused.value.field == "truncation_direction"
+
+
+def test_calibration_texts_tokenize_as_requests_of_their_input_type(model_dir):
+    from engine_lib.tokenization.calibration import calibration_sequences, calibration_texts
+
+    pairs = calibration_texts()
+    assert len(pairs) >= 150 and {k for k, _ in pairs} == {"query", "document"}
+    ids, lens = calibration_sequences(model_dir)
+    tokenizer = TextTokenizer(model_dir, TokenizerConfig())
+    expected = [tokenizer.encode([t], RequestOptions(input_type=k))[0].tolist() for k, t in pairs]
+    assert lens == [len(e) for e in expected] and ids.tolist() == [t for e in expected for t in e]
+
+
+LONG_DOC = " ".join(f"w{i} sentence {i}." for i in range(400))  # about 2,400 tokens
+
+
+@pytest.mark.parametrize("input_type", ["query", "document"])
+def test_chunking_splits_a_long_text_into_windows_of_its_own_tokens(tokenizer, input_type):
+    options = RequestOptions(input_type=input_type, chunking="mean")
+    ids, lens, windows = tokenizer.encode_windows([LONG_DOC, "short one"], options)
+    assert lens.sum() == ids.size and windows.sum() == lens.size and windows[1] == 1
+    parts = np.split(ids, np.cumsum(lens)[:-1])
+    plain, _ = tokenizer.encode(["short one"], options)
+    assert parts[-1].tolist() == plain.tolist()  # a text within the maximum: one window, as without chunking
+    prefix = tokenizer._full.encode(tokenizer.prefixes[input_type], add_special_tokens=False).ids
+    body = tokenizer._full.encode(LONG_DOC, add_special_tokens=False).ids
+    cls, sep = parts[0][0], parts[0][-1]
+    joined = []
+    for part in parts[:windows[0]]:
+        assert len(part) <= 256 and part[0] == cls and part[-1] == sep
+        assert part[1:1 + len(prefix)].tolist() == prefix  # every window carries the template
+        joined += part[1 + len(prefix):-1].tolist()
+    assert joined == body and all(len(p) == 256 for p in parts[:windows[0] - 1])
+
+
+def test_chunking_caps_windows_per_text(model_dir):
+    small = TextTokenizer(model_dir, TokenizerConfig(max_windows_per_text=3))
+    with pytest.raises(InputTooLarge, match=r"TEXT\[1\] needs more than 3 windows") as refused:
+        small.encode_windows(["fine", LONG_DOC], RequestOptions(chunking="mean"))
+    assert refused.value.field == "TEXT"
+
+
+def test_chunking_option_values():
+    assert RequestOptions.from_parameters({"chunking": "mean"}).chunking == "mean"
+    assert RequestOptions.from_parameters({"chunking": None}).chunking == "none"
+    with pytest.raises(InputError) as refused:
+        RequestOptions.from_parameters({"chunking": "max"})
+    assert refused.value.field == "chunking"

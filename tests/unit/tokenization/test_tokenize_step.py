@@ -43,7 +43,7 @@ def test_text_step_gives_the_folder_tokenizers_ids_with_the_configured_prefix(te
                                                                               input_type, prefix):
     out = text_step({"TEXT": as_bytes(TEXTS)}, json.dumps({"input_type": input_type, "normalize": False}))
     expected = [reference_tokenizer.encode(prefix + t).ids for t in TEXTS]
-    assert set(out) == {"INPUT_IDS", "SEQ_LENS"}
+    assert set(out) == {"INPUT_IDS", "SEQ_LENS", "TEXT_WINDOWS"} and out["TEXT_WINDOWS"].size == 0  # no chunking
     assert out["SEQ_LENS"].dtype == np.int64 and out["SEQ_LENS"].tolist() == [len(e) for e in expected]
     assert out["INPUT_IDS"].tolist() == [i for e in expected for i in e]
 

@@ -1,0 +1,132 @@
+"""POST /v2/embed: Cohere's embed API (v2), for the official `cohere` SDK (`ClientV2(base_url=...)`).
+
+Request: `model`, `texts`, `input_type` (search_query -> our `query` template,
+search_document -> `document`, classification / clustering -> the folder's prompts of
+those names, else the document template), `embedding_types` (float, int8, uint8,
+binary, ubinary, base64; several at once; default float), `output_dimension` (our
+`dimensions`), `truncate` (NONE refuses an over-long text with 400, START drops tokens
+from its start, END from its end; default END). Response: `id`, `embeddings` keyed by
+type, `texts`, `meta.billed_units.input_tokens`. Images, `inputs`, `max_tokens` and
+`priority` are refused by name (400). Errors are the gateway's (OpenAI's error JSON).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from engine_lib.errors import InputError
+from engine_lib.options import RequestOptions, check_integer
+from engine_lib.tokenization.text_input import check_texts
+
+from .compact import embed_types
+from .errors import bad_request, from_input_error
+from .tokenizing import Encoded
+
+INPUT_TYPES = {"search_query": "query", "search_document": "document", "classification": "classification",
+               "clustering": "clustering"}
+EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+TRUNCATE = {"NONE": (False, "right"), "START": (True, "left"), "END": (True, "right")}  # -> truncate, direction
+FIELDS = {"model", "texts", "input_type", "embedding_types", "output_dimension", "truncate"}
+UNSUPPORTED = {"images": "this gateway embeds texts only", "inputs": "send `texts`",
+               "max_tokens": "texts are cut at the model's own maximum",
+               "priority": "the class follows the request's size here (docs/gateway.md); /v1/embeddings takes one"}
+INLINE_CHARS = 16384  # as /v1/embeddings: larger inputs are tokenized in the gateway's pool
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    model: str
+    texts: list[str]
+    types: tuple[str, ...]
+    options: RequestOptions
+
+
+def parse_request(body: dict, width: int | None) -> EmbedRequest:
+    unknown = sorted(set(body) - FIELDS - set(UNSUPPORTED))
+    if unknown:
+        raise bad_request(f"unknown field(s) {unknown}; known: {sorted(FIELDS)}", unknown[0])
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is not supported here: {why}", name)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", "model")
+    texts = body.get("texts")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise bad_request("'texts' is required and must be a list of strings", "texts")
+    input_type = body.get("input_type") or "search_document"
+    if input_type not in INPUT_TYPES:
+        raise bad_request(f"'input_type' must be one of {list(INPUT_TYPES)}, got {input_type!r}", "input_type")
+    types = body.get("embedding_types") or ["float"]
+    if not isinstance(types, list) or not all(isinstance(t, str) and t in EMBEDDING_TYPES for t in types):
+        raise bad_request(f"'embedding_types' must be a list of {list(EMBEDDING_TYPES)}, got {types!r}",
+                          "embedding_types")
+    truncate = body.get("truncate") or "END"
+    if not isinstance(truncate, str) or truncate.upper() not in TRUNCATE:
+        raise bad_request(f"'truncate' must be one of {list(TRUNCATE)}, got {truncate!r}", "truncate")
+    keep, direction = TRUNCATE[truncate.upper()]
+    dimensions = body.get("output_dimension")
+    try:
+        if dimensions is not None:
+            dimensions = check_integer("output_dimension", dimensions, 1, width or (1 << 63) - 1, digits=False)
+    except InputError as exc:
+        raise from_input_error(exc) from None
+    options = RequestOptions(input_type=INPUT_TYPES[input_type], truncate=keep, truncation_direction=direction,
+                             dimensions=dimensions or 0)
+    return EmbedRequest(model, texts, tuple(dict.fromkeys(types)), options)
+
+
+def render_response(req: EmbedRequest, arrays: dict[str, np.ndarray], num_tokens: int) -> bytes:
+    embeddings = {}
+    for kind in req.types:
+        if kind == "base64":  # little-endian float32 bytes of each float row
+            embeddings[kind] = [base64.b64encode(r.tobytes()).decode() for r in arrays["float"].astype("<f4")]
+        else:
+            embeddings[kind] = arrays[kind]
+    body = {"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": req.texts,
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": num_tokens}},
+            "response_type": "embeddings_by_type"}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode(tokenizer, req: EmbedRequest) -> Encoded:
+    try:
+        input_ids, seq_lens = tokenizer.text.encode(req.texts, req.options)
+    except InputError as exc:  # truncate=NONE and an over-long text
+        raise bad_request(str(exc).replace("TEXT[", "texts["), "texts") from None
+    return Encoded(input_ids, seq_lens)
+
+
+async def embed(gateway, request: Request) -> Response:
+    from .app import json_response
+
+    gateway.authorize(request)
+    body = await gateway.read_json(request)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", "model")
+    route = gateway.routes.embedder(model)  # 404 naming the served embedders
+    req = parse_request(body, route.tokenizer.output_dim)
+    try:
+        check_texts(req.texts, route.tokenizer.config, "texts")
+    except InputError as exc:
+        raise from_input_error(exc) from None
+    gateway.require_ready(route.encoder)
+    if sum(map(len, req.texts)) <= INLINE_CHARS:
+        encoded = encode(route.tokenizer, req)
+    else:
+        encoded = await asyncio.get_running_loop().run_in_executor(gateway.pool, encode, route.tokenizer, req)
+    num_tokens = int(encoded.seq_lens.sum())
+    types = ["float" if t == "base64" else t for t in req.types]
+    arrays = await gateway._dispatch(request, embed_types(gateway.backend, encoded, types, req.options.dimensions,
+                                                          route.encoder), num_tokens, "texts")
+    gateway.metrics.tokens.inc(num_tokens)
+    gateway.metrics.inputs.labels("embed_v2").inc(len(req.texts))
+    return json_response(render_response(req, arrays, num_tokens))
