@@ -14,6 +14,7 @@ import numpy as np
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from rose_client.chunking import Chunk, plan_chunks
+from rose_client.coalesce import Merge, parameters_key
 from rose_client.replicas import resolve_replicas
 from rose_client.scheduling import RetryPolicy
 from rose_wire import DOCUMENTS, EMBEDDINGS, INPUT_IDS, QUERY, RERANK, ROSE_ENCODER, SCORES, SEQ_LENS
@@ -130,7 +131,9 @@ class Backend:
                         EMBEDDINGS, parameters, rows=chunk.num_texts)
 
         self.metrics.chunks.labels("embeddings").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        merge = Merge((ROSE_ENCODER, parameters_key(parameters)), self.config.max_chunk_tokens,
+                      self.config.max_chunk_texts)  # waiting chunks of other requests may share a call
+        parts = await self.dispatcher.run(chunks, call, merge=merge)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def rerank(self, query: str, documents: list[str], parameters: dict) -> np.ndarray:
@@ -145,5 +148,7 @@ class Backend:
                         rows=chunk.num_texts)
 
         self.metrics.chunks.labels("rerank").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        limit = self.config.max_rerank_chunk_documents  # the wire carries one query: same query, same call
+        merge = Merge((RERANK, query, parameters_key(parameters)), limit, limit, frozenset({QUERY}))
+        parts = await self.dispatcher.run(chunks, call, merge=merge)
         return np.concatenate(parts).reshape(-1)
