@@ -7,7 +7,6 @@ import hmac
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 from starlette.applications import Starlette
@@ -25,10 +24,9 @@ from .backend import Backend
 from .config import DEFAULT_MODEL_NAME, GatewayConfig
 from .errors import ApiError, bad_request, model_not_found, too_large
 from .metrics import GatewayMetrics
-from .tokenizing import Encoded, GatewayTokenizer
+from .tokenizing import Encoded, GatewayTokenizer, TokenizeQueue
 
 log = logging.getLogger("gateway")
-INLINE_CHARS = 16384  # smaller text inputs are tokenized on the event loop, larger ones in the pool
 # The request body's field behind each tensor an encoder may refuse; a refused request
 # parameter (dimensions, truncate, ...) has the same name in the body.
 BODY_FIELDS = {TEXT: "input", INPUT_IDS: "input", SEQ_LENS: "input", QUERY: "query", DOCUMENTS: "documents",
@@ -57,7 +55,7 @@ class Gateway:
         self.rerank_pair_tokens = rerank.max_pair_tokens(self.rerank_limits)
         self.metrics = GatewayMetrics()
         self.backend = Backend(config, self.metrics)
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self.tokenize = TokenizeQueue(self.tokenizer)  # concurrent requests' texts in one batch, off the loop
         self.pending_tokens = 0
         self.active_requests = 0  # /v1/embeddings and /v1/rerank requests being answered
         self.started = time.time()
@@ -130,10 +128,7 @@ class Gateway:
         if req.token_ids is not None:
             return self.tokenizer.encode_ids(req.token_ids, req.options.truncate)
         self.tokenizer.check_texts(req.texts)
-        if sum(map(len, req.texts)) <= INLINE_CHARS:
-            return self.tokenizer.encode_texts(req.texts, req.options)
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, self.tokenizer.encode_texts, req.texts, req.options)
+        return await self.tokenize.encode(req.texts, req.options)
 
     async def _dispatch(self, request: Request, job, num_tokens: int, param: str = "input"):
         """Run a backend job under the pending-token bound; map its failure to a status.
@@ -301,7 +296,7 @@ def create_app(config: GatewayConfig) -> Starlette:
         log.info("gateway ready for %s on %s", gateway.model_name, list(config.triton))
         yield
         await gateway.backend.close()
-        gateway.pool.shutdown(wait=False)
+        gateway.tokenize.close()
 
     routes = [Route("/v1/embeddings", _endpoint(gateway, "embeddings", gateway.embeddings, True), methods=["POST"]),
               Route("/v1/rerank", _endpoint(gateway, "rerank", gateway.rerank, True), methods=["POST"]),

@@ -1,9 +1,14 @@
 """Texts and token-id inputs -> flat INPUT_IDS + SEQ_LENS, with the tokenizer
 model's own code (engine_lib.tokenization.text) and settings (its config.pbtxt and
 the launcher's ROSE_* overrides, read by rose_triton.parameters), so the ids equal
-the ensemble path's, and its request limits (engine_lib.tokenization.text_input)."""
+the ensemble path's, and its request limits (engine_lib.tokenization.text_input).
+TokenizeQueue tokenizes the texts of concurrent requests together, off the event loop."""
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +21,9 @@ from engine_lib.tokenization.text import TextTokenizer
 from engine_lib.tokenization.text_input import check_count, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
-from .errors import bad_request, from_input_error
+from .errors import ApiError, bad_request, from_input_error
+
+log = logging.getLogger("gateway")
 
 
 @dataclass(frozen=True)
@@ -50,11 +57,15 @@ class GatewayTokenizer:
             raise from_input_error(exc) from None
 
     def encode_texts(self, texts: list[str], options: RequestOptions) -> Encoded:
-        try:
-            input_ids, seq_lens = self.text.encode(texts, options)
-        except InputError as exc:
-            raise bad_request(str(exc).replace("TEXT[", "input["), "input") from None
-        return Encoded(input_ids, seq_lens)
+        result = self.encode_many([(texts, options)])[0]
+        if isinstance(result, ApiError):
+            raise result
+        return result
+
+    def encode_many(self, requests: list[tuple[list[str], RequestOptions]]) -> list[Encoded | ApiError]:
+        """Several requests through one `encode_batch`; a refused one gets its 400, the others their ids."""
+        return [bad_request(str(r).replace("TEXT[", "input["), "input") if isinstance(r, InputError)
+                else Encoded(*r) for r in self.text.encode_many(requests)]
 
     def encode_ids(self, inputs: list[list[int]], truncate: bool) -> Encoded:
         """Token-id inputs go to the encoder as given (no template, no special tokens)."""
@@ -84,3 +95,83 @@ class GatewayTokenizer:
             raise bad_request(f"input[{row}] holds token id {int(input_ids[at])}, outside [0, {self.vocab_size})",
                               "input")
         return Encoded(input_ids, seq_lens)
+
+
+@dataclass
+class _Waiting:
+    texts: list[str]
+    options: RequestOptions
+    future: asyncio.Future
+    chars: int
+
+
+class TokenizeQueue:
+    """`await encode(texts, options)`: the texts of requests that wait to be tokenized go
+    through one `encode_batch` in a worker thread (tokenizers releases the GIL and spreads a
+    batch over its own threads), so the event loop keeps serving meanwhile. A free lane takes
+    what waits at once (no timer); requests that arrive while every lane is busy wait and
+    go together in the next batch, up to `max_batch_chars` of text (a larger request goes alone)."""
+
+    def __init__(self, tokenizer: GatewayTokenizer, lanes: int = 2, max_batch_chars: int = 256 << 10):
+        self.tokenizer = tokenizer
+        self.lanes = lanes
+        self.max_batch_chars = max_batch_chars
+        self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="tokenize")
+        self.waiting: collections.deque[_Waiting] = collections.deque()
+        self.running: set[asyncio.Task] = set()
+        self.batches = 0  # encode_batch calls made (for tests and the perf script)
+
+    async def encode(self, texts: list[str], options: RequestOptions) -> Encoded:
+        """-> the ids; raises the request's ApiError (400) as `encode_texts` does."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(_Waiting(texts, options, future, sum(map(len, texts))))
+        if len(self.running) < self.lanes:
+            lane = asyncio.ensure_future(self._lane())
+            self.running.add(lane)
+            lane.add_done_callback(self.running.discard)
+        result = await future
+        if isinstance(result, ApiError):
+            raise result
+        return result
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _next_batch(self) -> list[_Waiting]:
+        batch, chars = [], 0
+        while self.waiting and (not batch or chars + self.waiting[0].chars <= self.max_batch_chars):
+            item = self.waiting.popleft()
+            if not item.future.done():  # its request left meanwhile
+                batch.append(item)
+                chars += item.chars
+        return batch
+
+    async def _lane(self) -> None:
+        loop = asyncio.get_running_loop()
+        while batch := self._next_batch():
+            try:
+                try:
+                    results = await loop.run_in_executor(self.pool, self.tokenizer.encode_many,
+                                                         [(item.texts, item.options) for item in batch])
+                    self.batches += 1
+                except Exception:  # a fault, not an input refusal (those are results): each request alone
+                    results = await self._one_by_one(batch)
+            except BaseException:  # cancelled (the loop closes): the requests of the batch end too
+                for item in batch:
+                    item.future.cancel()
+                raise
+            for item, result in zip(batch, results):
+                if not item.future.done():
+                    item.future.set_result(result)
+
+    async def _one_by_one(self, batch: list[_Waiting]) -> list:
+        loop = asyncio.get_running_loop()
+        results = []
+        for item in batch:
+            try:
+                results += await loop.run_in_executor(self.pool, self.tokenizer.encode_many,
+                                                      [(item.texts, item.options)])
+            except Exception:
+                log.exception("tokenizing a request failed")
+                results.append(ApiError(500, "internal error"))
+        return results
