@@ -9,6 +9,10 @@ import pytest
 
 from rose_triton.server import TritonServer, stop_all
 
+# Gateways started by the tests run one worker, whatever the CPU count (bounds and metrics stay
+# those the tests set); tests/unit/gateway/test_gateway_workers.py runs two.
+os.environ.setdefault("ROSE_GATEWAY_WORKERS", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite)."""
