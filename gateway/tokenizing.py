@@ -118,17 +118,19 @@ class TokenizeQueue:
         self.max_batch_chars = max_batch_chars
         self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="tokenize")
         self.waiting: collections.deque[_Waiting] = collections.deque()
-        self.running: set[asyncio.Task] = set()
+        self.running = 0  # lanes at work; a lane leaves in the same step it finds nothing waiting
+        self._lanes: set[asyncio.Task] = set()  # referenced until done
         self.batches = 0  # encode_batch calls made (for tests and the perf script)
 
     async def encode(self, texts: list[str], options: RequestOptions) -> Encoded:
         """-> the ids; raises the request's ApiError (400) as `encode_texts` does."""
         future = asyncio.get_running_loop().create_future()
         self.waiting.append(_Waiting(texts, options, future, sum(map(len, texts))))
-        if len(self.running) < self.lanes:
+        if self.running < self.lanes:
+            self.running += 1
             lane = asyncio.ensure_future(self._lane())
-            self.running.add(lane)
-            lane.add_done_callback(self.running.discard)
+            self._lanes.add(lane)
+            lane.add_done_callback(self._lanes.discard)
         result = await future
         if isinstance(result, ApiError):
             raise result
@@ -147,6 +149,12 @@ class TokenizeQueue:
         return batch
 
     async def _lane(self) -> None:
+        try:
+            await self._drain()
+        finally:
+            self.running -= 1
+
+    async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while batch := self._next_batch():
             try:

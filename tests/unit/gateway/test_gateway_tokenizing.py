@@ -93,3 +93,17 @@ def test_a_fault_in_a_batch_fails_only_its_request(tokenizer):
     assert [len(b) for b in held.batches] == [3, 1, 1, 1]  # the batch failed: each request again alone
     assert [r.status if isinstance(r, ApiError) else "ok" for r in results] == ["ok", 500, "ok"]
     np.testing.assert_array_equal(results[2].input_ids, tokenizer.encode_texts(["good two"], RequestOptions()).input_ids)
+
+
+def test_a_request_right_after_a_batch_is_served(tokenizer):
+    """A lane that finds nothing waiting leaves at once: the next request starts a new one."""
+    async def scenario():
+        queue = TokenizeQueue(tokenizer, lanes=1)
+        try:
+            return [await queue.encode([f"text {i}"], RequestOptions()) for i in range(5)]  # in this task
+        finally:
+            queue.close()
+
+    results = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [int(r.seq_lens.sum()) for r in results] == [
+        int(tokenizer.encode_texts([f"text {i}"], RequestOptions()).seq_lens.sum()) for i in range(5)]
