@@ -204,7 +204,7 @@ class Gateway:
     async def prometheus(self, request: Request) -> Response:
         dispatcher = self.backend.dispatcher
         completed = {url: r.completed_chunks for url, r in dispatcher.tasks.replicas.items()}
-        text = self.metrics.render(dispatcher.inflight, completed, self.backend.ready, self.pending_tokens)
+        text = self.metrics.render(dispatcher.inflight, completed, self.backend.ready, self.pending_tokens, dispatcher)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -38,6 +38,10 @@ class GatewayMetrics:
                            multiprocess_mode="livemax")
         self.pending_tokens = Gauge("gateway_pending_tokens", "Tokens accepted and not yet answered", registry=r,
                                     multiprocess_mode=live)
+        self.calls = Gauge("gateway_encoder_calls", "Calls the replicas answered (several chunks may share one)",
+                           registry=r, multiprocess_mode=live)
+        self.coalesced = Gauge("gateway_coalesced_chunks", "Chunks answered in a call shared with other chunks "
+                               "(of other requests waiting at the same time)", registry=r, multiprocess_mode=live)
         self.active_requests = Gauge("gateway_active_requests", "/v1/embeddings and /v1/rerank requests being "
                                      "answered (bound: --max-concurrent-requests)", registry=r,
                                      multiprocess_mode=live)
@@ -47,8 +51,8 @@ class GatewayMetrics:
             self.chunks.labels(endpoint)
 
     def render(self, inflight: dict[str, int], completed: dict[str, int], ready: dict[str, bool],
-               pending_tokens: int) -> bytes:
-        self.update(inflight, completed, ready, pending_tokens)
+               pending_tokens: int, dispatcher=None) -> bytes:
+        self.update(inflight, completed, ready, pending_tokens, dispatcher)
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             shared = CollectorRegistry()
             MultiProcessCollector(shared)
@@ -56,8 +60,11 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
     def update(self, inflight: dict[str, int], completed: dict[str, int], ready: dict[str, bool],
-               pending_tokens: int) -> None:
+               pending_tokens: int, dispatcher=None) -> None:
         """Set the gauges read from the dispatcher's state."""
+        if dispatcher is not None:
+            self.calls.set(dispatcher.calls)
+            self.coalesced.set(dispatcher.merged_chunks)
         for gauge in (self.inflight, self.completed, self.ready):
             gauge.clear()
         for url, count in inflight.items():

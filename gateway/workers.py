@@ -62,7 +62,8 @@ def _with_metrics_refresh(app, started) -> None:
             dispatcher = gateway.backend.dispatcher
             with contextlib.suppress(Exception):
                 completed = {url: r.completed_chunks for url, r in dispatcher.tasks.replicas.items()}
-                gateway.metrics.update(dispatcher.inflight, completed, gateway.backend.ready, gateway.pending_tokens)
+                gateway.metrics.update(dispatcher.inflight, completed, gateway.backend.ready, gateway.pending_tokens,
+                                       dispatcher)
 
     @contextlib.asynccontextmanager
     async def lifespan(a):

@@ -113,9 +113,11 @@ def test_rerank_requests_with_the_same_query_share_a_call():
         other = rerank("another query", ["dddd"])
         await queued(dispatcher, 3)
         replica.opened.set()
-        return [await r for r in (first, *same, other)]
+        answered = [await r for r in (first, *same, other)]
+        return answered, (await client.get("/metrics")).text
 
-    responses, replica = run(scenario)
+    (responses, metrics), replica = run(scenario)
+    assert "gateway_encoder_calls 3.0" in metrics and "gateway_coalesced_chunks 2.0" in metrics
     assert [c.inputs["DOCUMENTS"].tolist() for c in replica.calls] == [[b"held"], [b"a", b"bbb", b"cc"], [b"dddd"]]
     assert [c.inputs["QUERY"].tolist() for c in replica.calls] == [[b"q"], [b"q"], [b"another query"]]
     scores = [{r["index"]: r["relevance_score"] for r in response.json()["results"]} for response in responses]
