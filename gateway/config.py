@@ -81,7 +81,19 @@ def default_workers() -> int:
             return int(setting)
         except ValueError:
             raise ValueError(f"ROSE_GATEWAY_WORKERS must be an integer, got {setting!r}") from None
-    return min(4, max(1, len(os.sched_getaffinity(0)) // 2))
+    return min(4, max(1, usable_cpus() // 2))
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may run on, capped by a cgroup v2 CPU quota (a container's limit)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:

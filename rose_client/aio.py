@@ -264,7 +264,8 @@ class AsyncDispatcher:
                 await asyncio.sleep(delay)
             slot = self.slot_factory(url)
             while (task := await self._take(url)) is not None:
-                group = self._coalesce(url, task)
+                group = [task]  # held chunks: a fault from here on answers each of them
+                self._coalesce(url, group)
                 healthy = await self._run_group(url, slot, group)
                 group = []
                 self._busy.discard(me)
@@ -298,14 +299,16 @@ class AsyncDispatcher:
         return sum(1 for url, workers in self._workers.items() if self.tasks.wait_s(url, now) == 0
                    for worker in workers if worker not in self._busy)
 
-    def _coalesce(self, url: str, first: Task) -> list[Task]:
-        """`first`, and the chunks that wait beyond what free workers take now and may share its call."""
+    def _coalesce(self, url: str, group: list[Task]) -> None:
+        """Add to `group` (its first chunk) the chunks that wait beyond what free workers take
+        now and may share its call."""
+        first = group[0]
         merge: Merge | None = first.job.merge
         if merge is None or first.solo:
-            return [first]
+            return
         now = time.monotonic()
         waiting = len(self.tasks) - self._free_workers(now)
-        group, tokens, texts = [first], first.chunk.num_tokens, first.chunk.num_texts
+        tokens, texts = first.chunk.num_tokens, first.chunk.num_texts
 
         def fits(task: Task) -> bool:
             other: Merge | None = task.job.merge
@@ -316,7 +319,6 @@ class AsyncDispatcher:
         while waiting > 0 and (task := self.tasks.take(url, now, fits)) is not None:
             group.append(task)
             tokens, texts, waiting = tokens + task.chunk.num_tokens, texts + task.chunk.num_texts, waiting - 1
-        return group
 
     def _resplit(self, group: list[Task]) -> None:
         """Back to the queue, each chunk to run alone (no attempt counted), in their order."""

@@ -7,7 +7,9 @@ import signal
 import time
 from pathlib import Path
 
-from gateway.config import GatewayConfig
+import pytest
+
+from gateway.config import GatewayConfig, parse_args, usable_cpus
 from gateway.workers import per_worker
 from testing.gateway_process import GatewayProcess
 
@@ -48,6 +50,20 @@ def test_bounds_are_divided_among_the_workers():
                                       workers=2), 2)
     assert (config.max_concurrent_requests, config.max_pending_tokens, config.max_inflight_per_replica,
             config.workers) == (3, 500, 2, 1)
+
+
+def test_the_number_of_workers(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROSE_GATEWAY_WORKERS", "3")
+    assert parse_args([]).workers == 3 and parse_args(["--workers", "2"]).workers == 2
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        parse_args(["--workers", "0"])
+    cpu_max, cpus = tmp_path / "cpu.max", len(os.sched_getaffinity(0))
+    cpu_max.write_text("150000 100000\n")  # a container limited to 1.5 CPUs
+    assert usable_cpus(str(cpu_max)) == min(cpus, 2)
+    cpu_max.write_text("max 100000\n")
+    assert usable_cpus(str(cpu_max)) == cpus
+    monkeypatch.delenv("ROSE_GATEWAY_WORKERS")
+    assert parse_args([]).workers == min(4, max(1, usable_cpus() // 2))
 
 
 def test_two_workers_share_the_port_and_the_metrics(tmp_path):
