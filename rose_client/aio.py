@@ -384,7 +384,7 @@ class AsyncDispatcher:
         finally:
             if url in self.inflight:
                 self.inflight[url] -= 1
-        self.tasks.succeeded(url)
+        self.tasks.succeeded(url, len(group))
         self.calls += 1
         if len(group) == 1:
             group[0].job.deliver(group[0].chunk, result)

@@ -33,8 +33,8 @@ class ReplicaState:
     failing_since: float | None = None
     cooldown_until: float = 0.0
 
-    def succeeded(self) -> None:
-        self.completed_chunks += 1
+    def succeeded(self, chunks: int = 1) -> None:
+        self.completed_chunks += chunks
         self.consecutive_failures, self.failing_since = 0, None
 
     def failed(self, retry: RetryPolicy, now: float) -> None:
@@ -131,9 +131,9 @@ class TaskQueue:
             return task
         return None
 
-    def succeeded(self, url: str) -> None:
+    def succeeded(self, url: str, chunks: int = 1) -> None:
         if url in self.replicas:
-            self.replicas[url].succeeded()
+            self.replicas[url].succeeded(chunks)
 
     def replica_unready(self, url: str, task: Task, now: float) -> None:
         """`url` was not ready to take `task`: the replica rests, the task keeps its attempts."""

@@ -118,6 +118,7 @@ def test_chunks_merge_only_while_they_wait_and_rows_go_back_by_offset():
     for job, n, parts in zip((1, 2, 3, 4), (2, 3, 1, 2), results):
         np.testing.assert_array_equal(rows_of(parts), values(job, n))
     assert dispatcher.calls == 2 and dispatcher.merged_chunks == 3
+    assert dispatcher.tasks.replicas["r"].completed_chunks == 4
 
 
 def test_free_slots_take_chunks_alone():
