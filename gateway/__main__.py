@@ -14,6 +14,10 @@ def main() -> None:
         config = parse_args()
     except ValueError as exc:
         raise SystemExit(f"gateway: {exc}") from None
+    if config.workers > 1:
+        from .workers import Supervisor
+
+        raise SystemExit(Supervisor(config).run())
     uvicorn.run(create_app(config), host=config.host, port=config.port, loop="uvloop", http=limited_protocol(config),
                 timeout_keep_alive=config.keep_alive_timeout_s, log_level="warning", access_log=False)
 

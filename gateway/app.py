@@ -36,10 +36,9 @@ from .config import DEFAULT_MODEL_NAME, GatewayConfig
 from .errors import ApiError, bad_request, too_large
 from .metrics import GatewayMetrics
 from .routing import EmbedderRoute, RerankerRoute, Routes, read_routes
-from .tokenizing import Encoded, GatewayTokenizer
+from .tokenizing import Encoded, GatewayTokenizer, TokenizeQueue
 
 log = logging.getLogger("gateway")
-INLINE_CHARS = 16384  # smaller text inputs are tokenized on the event loop, larger ones in the pool
 # The request body's field behind each tensor an encoder may refuse; a refused request
 # parameter (dimensions, truncate, ...) has the same name in the body.
 BODY_FIELDS = {TEXT: "input", INPUT_IDS: "input", SEQ_LENS: "input", QUERY: "query", DOCUMENTS: "documents",
@@ -73,7 +72,8 @@ class Gateway:
                                            DEFAULT_RERANKER),
                              embedders, rerankers, lambda model: self.backend.serves(model))
         self.backend = Backend(config, self.metrics, self.routes.targets())
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")  # /v2/embed's large inputs
+        self.tokenize_queues: dict[int, TokenizeQueue] = {}  # per route tokenizer (id): /v1/embeddings' texts
         self.pending_tokens = 0
         self.active_requests = 0  # /v1/embeddings and /v1/rerank requests being answered
         self.started = time.time()
@@ -152,10 +152,14 @@ class Gateway:
         if req.token_ids is not None:
             return tokenizer.encode_ids(req.token_ids, req.options.truncate, req.options.truncation_direction)
         tokenizer.check_texts(req.texts)
-        if sum(map(len, req.texts)) <= INLINE_CHARS:
-            return tokenizer.encode_texts(req.texts, req.options)
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, tokenizer.encode_texts, req.texts, req.options)
+        return await self.tokenize_queue(tokenizer).encode(req.texts, req.options)
+
+    def tokenize_queue(self, tokenizer: GatewayTokenizer) -> TokenizeQueue:
+        """The TokenizeQueue of a route's tokenizer: concurrent requests' texts in one batch, off the loop."""
+        queue = self.tokenize_queues.get(id(tokenizer))
+        if queue is None:
+            queue = self.tokenize_queues[id(tokenizer)] = TokenizeQueue(tokenizer)
+        return queue
 
     async def _dispatch(self, request: Request, job, num_tokens: int, param: str = "input"):
         """Run a backend job under the pending-token bound; map its failure to a status.
@@ -229,7 +233,7 @@ class Gateway:
     async def prometheus(self, request: Request) -> Response:
         dispatcher = self.backend.dispatcher
         completed = {url: r.completed_chunks for url, r in dispatcher.tasks.replicas.items()}
-        text = self.metrics.render(dispatcher.inflight, completed, self.backend.ready, self.pending_tokens)
+        text = self.metrics.render(dispatcher.inflight, completed, self.backend.ready, self.pending_tokens, dispatcher)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -321,6 +325,8 @@ def create_app(config: GatewayConfig) -> Starlette:
         log.info("gateway ready for %s on %s", gateway.routes.names(), list(config.triton))
         yield
         await gateway.backend.close()
+        for queue in gateway.tokenize_queues.values():
+            queue.close()
         gateway.pool.shutdown(wait=False)
 
     routes = [Route("/v1/embeddings", _endpoint(gateway, "embeddings", gateway.embeddings, True), methods=["POST"]),

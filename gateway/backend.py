@@ -15,6 +15,7 @@ import numpy as np
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from rose_client.chunking import Chunk, plan_chunks
+from rose_client.coalesce import Merge, parameters_key
 from rose_client.replicas import resolve_replicas
 from rose_client.scheduling import RetryPolicy
 from rose_wire import DOCUMENTS, EMBEDDINGS, INPUT_IDS, QUERY, RERANK, ROSE_ENCODER, SCORES, SEQ_LENS, TEXT_WINDOWS
@@ -135,8 +136,8 @@ class Backend:
             await self.channels.pop(url).close()
 
     async def embed(self, encoded: Encoded, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
-        """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's JobFailed. An input's
-        windows (chunking) stay in one chunk: the encoder pools them."""
+        """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's
+        JobFailed. An input's windows (chunking) stay in one chunk: the encoder pools them."""
         chunks = plan_chunks(encoded.input_tokens, self.config.max_chunk_tokens, self.config.max_chunk_texts)
         offsets, windows = encoded.offsets, encoded.window_offsets
 
@@ -149,7 +150,10 @@ class Backend:
             return Call(encoder, tensors, EMBEDDINGS, parameters, rows=chunk.num_texts)
 
         self.metrics.chunks.labels("embeddings").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        # waiting chunks of other requests to the same encoder, alike (parameters, windows or not), may share a call
+        merge = Merge((encoder, encoded.windows is not None, parameters_key(parameters)), self.config.max_chunk_tokens,
+                      self.config.max_chunk_texts)
+        parts = await self.dispatcher.run(chunks, call, merge=merge)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
@@ -165,5 +169,7 @@ class Backend:
                         rows=chunk.num_texts)
 
         self.metrics.chunks.labels("rerank").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        limit = self.config.max_rerank_chunk_documents  # the wire carries one query: same query, same call
+        merge = Merge((model, query, parameters_key(parameters)), limit, limit, frozenset({QUERY}))
+        parts = await self.dispatcher.run(chunks, call, merge=merge)
         return np.concatenate(parts).reshape(-1)

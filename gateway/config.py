@@ -43,13 +43,14 @@ class GatewayConfig:
     health_interval_s: float = 1.0
     dns_refresh_s: float = 10.0
     allow_unauthenticated: bool = False  # listen beyond loopback without API keys
+    workers: int = 1                    # processes on the port (gateway/workers.py); bounds are per worker
 
     def __post_init__(self):
         if not self.triton:
             raise ValueError("give at least one --triton address")
         for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
                      "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes", "max_concurrent_requests",
-                     "max_header_bytes"):
+                     "max_header_bytes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "request_timeout_s"):
@@ -69,6 +70,31 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def default_workers() -> int:
+    """ROSE_GATEWAY_WORKERS, else half the CPUs this process may use, 1 to 4: the gateway
+    usually shares its host with Triton (scripts/serve.sh), and past 4 the encoders, not the
+    gateway, bound a replica set."""
+    setting = os.environ.get("ROSE_GATEWAY_WORKERS", "")
+    if setting:
+        try:
+            return int(setting)
+        except ValueError:
+            raise ValueError(f"ROSE_GATEWAY_WORKERS must be an integer, got {setting!r}") from None
+    return min(4, max(1, usable_cpus() // 2))
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may run on, capped by a cgroup v2 CPU quota (a container's limit)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:
@@ -114,6 +140,10 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
         p.add_argument("--" + name.removesuffix("_s").replace("_", "-"), type=float, default=getattr(GatewayConfig, name),
                        help="seconds")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes sharing the port (SO_REUSEPORT); the concurrency, pending-token and "
+                        "in-flight bounds are divided among them (default: ROSE_GATEWAY_WORKERS, else half the "
+                        "CPUs, 1 to 4)")
     p.add_argument("--request-timeout", type=float, default=GatewayConfig.request_timeout_s, metavar="SECONDS",
                    help="end-to-end deadline of a request, body read to answer (default %(default)g); past it 504")
     args = p.parse_args(argv)
@@ -129,7 +159,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         max_concurrent_requests=args.max_concurrent_requests, max_header_bytes=args.max_header_bytes,
         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         keep_alive_timeout_s=args.keep_alive_timeout, allow_unauthenticated=args.allow_unauthenticated,
-        request_timeout_s=args.request_timeout)
+        request_timeout_s=args.request_timeout,
+        workers=args.workers if args.workers is not None else default_workers())
 
 
 if __name__ == "__main__":  # `python -m gateway.config ARGS`: check the settings only (scripts/serve.sh)

@@ -1,7 +1,13 @@
-"""The gateway's Prometheus metrics (served on GET /metrics)."""
+"""The gateway's Prometheus metrics (served on GET /metrics). With several worker processes
+(gateway/workers.py sets PROMETHEUS_MULTIPROC_DIR) every worker answers with the sum over all
+of them: counters and histograms added up, gauges summed over the live workers (`ready`: the
+maximum), each worker refreshing its gauges every second."""
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 disable_created_metrics()
 
@@ -23,20 +29,42 @@ class GatewayMetrics:
                                ["replica"], registry=r)
         self.disconnects = Counter("gateway_client_disconnects", "Requests whose client left before the answer "
                                    "(their queued chunks were dropped)", registry=r)
-        self.inflight = Gauge("gateway_replica_inflight", "Chunks in flight per replica", ["replica"], registry=r)
+        live = "livesum"  # several workers: the sum over the live ones
+        self.inflight = Gauge("gateway_replica_inflight", "Chunks in flight per replica", ["replica"], registry=r,
+                              multiprocess_mode=live)
         self.completed = Gauge("gateway_replica_chunks_completed", "Chunks a replica answered since the gateway "
-                               "started", ["replica"], registry=r)
-        self.ready = Gauge("gateway_replica_ready", "1 when the replica serves the encoder", ["replica"], registry=r)
-        self.pending_tokens = Gauge("gateway_pending_tokens", "Tokens accepted and not yet answered", registry=r)
+                               "started", ["replica"], registry=r, multiprocess_mode=live)
+        self.ready = Gauge("gateway_replica_ready", "1 when the replica serves the encoder", ["replica"], registry=r,
+                           multiprocess_mode="livemax")
+        self.pending_tokens = Gauge("gateway_pending_tokens", "Tokens accepted and not yet answered", registry=r,
+                                    multiprocess_mode=live)
+        self.calls = Gauge("gateway_encoder_calls", "Calls the replicas answered (several chunks may share one)",
+                           registry=r, multiprocess_mode=live)
+        self.coalesced = Gauge("gateway_coalesced_chunks", "Chunks answered in a call shared with other chunks "
+                               "(of other requests waiting at the same time)", registry=r, multiprocess_mode=live)
         self.active_requests = Gauge("gateway_active_requests", "/v1/embeddings and /v1/rerank requests being "
-                                     "answered (bound: --max-concurrent-requests)", registry=r)
+                                     "answered (bound: --max-concurrent-requests)", registry=r,
+                                     multiprocess_mode=live)
         for endpoint in ("embeddings", "rerank"):
             self.latency.labels(endpoint)
             self.inputs.labels(endpoint)
             self.chunks.labels(endpoint)
 
     def render(self, inflight: dict[str, int], completed: dict[str, int], ready: dict[str, bool],
-               pending_tokens: int) -> bytes:
+               pending_tokens: int, dispatcher=None) -> bytes:
+        self.update(inflight, completed, ready, pending_tokens, dispatcher)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            shared = CollectorRegistry()
+            MultiProcessCollector(shared)
+            return generate_latest(shared)
+        return generate_latest(self.registry)
+
+    def update(self, inflight: dict[str, int], completed: dict[str, int], ready: dict[str, bool],
+               pending_tokens: int, dispatcher=None) -> None:
+        """Set the gauges read from the dispatcher's state."""
+        if dispatcher is not None:
+            self.calls.set(dispatcher.calls)
+            self.coalesced.set(dispatcher.merged_chunks)
         for gauge in (self.inflight, self.completed, self.ready):
             gauge.clear()
         for url, count in inflight.items():
@@ -46,4 +74,3 @@ class GatewayMetrics:
         for url, is_ready in ready.items():
             self.ready.labels(url).set(int(is_ready))
         self.pending_tokens.set(pending_tokens)
-        return generate_latest(self.registry)

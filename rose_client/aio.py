@@ -10,6 +10,15 @@ Every chunk a worker takes is answered, whatever happens: delivered, put back
 for another attempt, or its job failed with a named error (JobFailed and its
 subclasses). A worker that met an unexpected fault (a locally cancelled call, a
 bug) drops its slot and is replaced; a job's future always resolves.
+
+Coalescing (jobs run with a `Merge`, coalesce.py): a worker that takes a chunk
+while more chunks wait than free workers would take at once adds waiting chunks
+of jobs with the same merge key, in the jobs' turn order, up to the merge's
+limits, and sends them as one call; the rows go back to each chunk by offset.
+No timer: a free worker never waits for company. A shared call the replica
+refuses as invalid input, or that cannot be built or sent, is split: its chunks
+go back to the queue, each to run alone (no attempt counted), so one job's bad
+input fails that job only.
 """
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .aio_stream import PayloadError, ReplicaError
 from .chunking import Chunk
+from .coalesce import Merge
 from .scheduling import RetryPolicy, Task, TaskQueue, describe
 
 log = logging.getLogger("rose_client")
@@ -64,9 +74,10 @@ class ChunkUnsendable(DispatchFault):
 
 class _Job:
     def __init__(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
-                 on_result: Callable[[Chunk, Any], None] | None):
+                 on_result: Callable[[Chunk, Any], None] | None, merge: Merge | None = None):
         self.payload_of = payload_of
         self.on_result = on_result
+        self.merge = merge
         self.results: dict[int, Any] = {}
         self.expected = len(chunks)
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -94,7 +105,8 @@ class _Job:
 class AsyncDispatcher:
     """`await run(chunks, payload_of)` -> results in chunk order; raises JobFailed
     (`.last_error`: the last ReplicaError seen by the job, or None). With `on_result`,
-    each chunk's result goes there once, as it arrives, and is not kept."""
+    each chunk's result goes there once, as it arrives, and is not kept. With `merge`,
+    the job's chunks may share calls with other jobs' of the same merge key."""
 
     def __init__(self, urls: Sequence[str], slot_factory: Callable[[str], AsyncSlot],
                  max_inflight_per_replica: int = 4, retry: RetryPolicy = RetryPolicy(),
@@ -109,6 +121,9 @@ class AsyncDispatcher:
         self._workers: dict[str, set[asyncio.Task]] = {}  # per served replica: its live workers
         self._worker_urls: dict[asyncio.Task, str] = {}  # every running worker, draining ones too
         self._idle: dict[str, list[asyncio.Future]] = {}  # per replica: futures of workers waiting for work
+        self._busy: set[asyncio.Task] = set()  # workers holding chunks
+        self.calls = 0  # calls answered by replicas
+        self.merged_chunks = 0  # chunks answered in a call shared with other chunks
         self._started = False
         self._closing = False
 
@@ -153,12 +168,12 @@ class AsyncDispatcher:
         self.tasks.drop(lambda t: False)
 
     async def run(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
-                  on_result: Callable[[Chunk, Any], None] | None = None) -> list[Any]:
+                  on_result: Callable[[Chunk, Any], None] | None = None, merge: Merge | None = None) -> list[Any]:
         if not chunks:
             return []
         if self._closing:
             raise JobFailed("the dispatcher is closed")
-        job = _Job(chunks, payload_of, on_result)
+        job = _Job(chunks, payload_of, on_result, merge)
         self.tasks.push(Task(c, job) for c in chunks)
         self._wake(len(chunks))
         try:
@@ -203,6 +218,7 @@ class AsyncDispatcher:
         """A live worker only ends on a fault (a dropped replica's and a closing dispatcher's
         end for good): start its replacement."""
         url = self._worker_urls.pop(worker)
+        self._busy.discard(worker)
         live = self._workers.get(url, set())
         if worker in live:
             live.discard(worker)
@@ -225,6 +241,7 @@ class AsyncDispatcher:
             while task is not None and task.job.done.done():  # its job failed or left
                 task = self.tasks.take(url, now)
             if task is not None:
+                self._busy.add(me)
                 return task
             waiter = asyncio.get_running_loop().create_future()
             idle = self._idle.setdefault(url, [])
@@ -239,97 +256,179 @@ class AsyncDispatcher:
     async def _work(self, url: str, delay: float) -> float | None:
         """Take and answer chunks until the replica is dropped or the dispatcher closes.
         -> None, or (after a fault) the delay before the replacement worker starts."""
-        task = slot = None
+        group: list[Task] = []
+        slot = None
+        me = asyncio.current_task()
         try:
             if delay:
                 await asyncio.sleep(delay)
             slot = self.slot_factory(url)
             while (task := await self._take(url)) is not None:
-                healthy = await self._run_task(url, slot, task)
-                task = None
+                group = [task]  # held chunks: a fault from here on answers each of them
+                self._coalesce(url, group)
+                healthy = await self._run_group(url, slot, group)
+                group = []
+                self._busy.discard(me)
                 if not healthy:
                     return 0.0
             return None
         except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():  # close(): the held chunk's job ends with it
-                if task is not None:
+            if asyncio.current_task().cancelling():  # close(): the held chunks' jobs end with them
+                for task in group:
                     task.job.fail(JobFailed("the dispatcher closed"))
                 raise
-            return self._crashed(url, task, "cancelled")
+            return self._crashed(url, group, "cancelled")
         except Exception as exc:
-            return self._crashed(url, task, f"{type(exc).__name__}: {exc}")
+            return self._crashed(url, group, f"{type(exc).__name__}: {exc}")
         finally:
+            self._busy.discard(me)
             if slot is not None:
                 try:
                     await slot.close()
                 except Exception:
                     log.exception("closing a slot of %s failed", url)
 
-    def _crashed(self, url: str, task: Task | None, reason: str) -> float:
+    def _crashed(self, url: str, group: list[Task], reason: str) -> float:
         log.exception("a dispatcher worker of %s failed (%s); it is replaced", url, reason)
-        if task is not None:
-            self._fault(url, task, reason)
+        if group:
+            self._fault(url, group, reason)
         return RESTART_DELAY_S
 
-    async def _run_task(self, url: str, slot: AsyncSlot, task: Task) -> bool:
-        """Answer `task` on `url`: deliver its result, put it back, or fail its job.
-        -> False when the slot met a fault: the worker then ends and is replaced."""
-        job: _Job = task.job
+    def _free_workers(self, now: float) -> int:
+        """Workers that would take a queued chunk at once: holding none, their replica not resting."""
+        return sum(1 for url, workers in self._workers.items() if self.tasks.wait_s(url, now) == 0
+                   for worker in workers if worker not in self._busy)
+
+    def _coalesce(self, url: str, group: list[Task]) -> None:
+        """Add to `group` (its first chunk) the chunks that wait beyond what free workers take
+        now and may share its call."""
+        first = group[0]
+        merge: Merge | None = first.job.merge
+        if merge is None or first.solo:
+            return
+        now = time.monotonic()
+        waiting = len(self.tasks) - self._free_workers(now)
+        tokens, texts = first.chunk.num_tokens, first.chunk.num_texts
+
+        def fits(task: Task) -> bool:
+            other: Merge | None = task.job.merge
+            return (other is not None and other.key == merge.key and not task.solo and not task.job.done.done()
+                    and tokens + task.chunk.num_tokens <= merge.max_tokens
+                    and texts + task.chunk.num_texts <= merge.max_texts)
+
+        while waiting > 0 and (task := self.tasks.take(url, now, fits)) is not None:
+            group.append(task)
+            tokens, texts, waiting = tokens + task.chunk.num_tokens, texts + task.chunk.num_texts, waiting - 1
+
+    def _resplit(self, group: list[Task]) -> None:
+        """Back to the queue, each chunk to run alone (no attempt counted), in their order."""
+        for task in reversed(group):
+            task.solo = True
+            self.tasks.requeue(task)
+        self._notify_all()
+
+    async def _run_group(self, url: str, slot: AsyncSlot, group: list[Task]) -> bool:
+        """Answer the chunks of `group` (one call) on `url`: deliver their rows, put them back,
+        or fail their jobs. -> False when the slot met a fault: the worker then ends and is replaced."""
         replica = self.tasks.replicas.get(url)
         if replica is not None and replica.consecutive_failures and not await slot.is_ready():
-            self.tasks.replica_unready(url, task, time.monotonic())
+            for task in reversed(group[1:]):
+                self.tasks.requeue(task)
+            self.tasks.replica_unready(url, group[0], time.monotonic())
             self._notify_all()
             return True
-        try:
-            payload = job.payload_of(task.chunk)
-        except Exception as exc:
-            job.fail(ChunkUnsendable(f"{describe(task.chunk)} could not be built: {type(exc).__name__}: {exc}", exc))
+        payloads = []
+        for task in list(group):
+            try:
+                if task.job.done.done():  # its job failed or left meanwhile
+                    raise LookupError
+                payloads.append(task.job.payload_of(task.chunk))
+            except LookupError:
+                group.remove(task)
+            except Exception as exc:
+                group.remove(task)
+                task.job.fail(ChunkUnsendable(f"{describe(task.chunk)} could not be built: "
+                                              f"{type(exc).__name__}: {exc}", exc))
+        if not group:
             return True
+        if len(group) == 1:
+            payload = payloads[0]
+        else:
+            try:
+                payload = group[0].job.merge.combine(payloads)
+            except Exception:
+                log.exception("merging %d chunks failed; each is sent alone", len(group))
+                self._resplit(group)
+                return True
         self.inflight[url] = self.inflight.get(url, 0) + 1
         try:
             result = await slot.call(payload)
         except ReplicaError as exc:
-            self._replica_failed(url, task, exc)
+            self._replica_failed(url, group, exc)
             return True
         except PayloadError as exc:
-            job.fail(ChunkUnsendable(f"{describe(task.chunk)} cannot be sent: {exc}", exc))
+            if len(group) > 1:
+                self._resplit(group)
+            else:
+                group[0].job.fail(ChunkUnsendable(f"{describe(group[0].chunk)} cannot be sent: {exc}", exc))
             return True
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():
-                raise  # this worker is being cancelled (close): _work answers the chunk
-            self._fault(url, task, "the call was cancelled locally")  # e.g. gRPC could not serialise it
+                raise  # this worker is being cancelled (close): _work answers the chunks
+            self._fault(url, group, "the call was cancelled locally")  # e.g. gRPC could not serialise it
             return False
         except Exception as exc:
-            log.exception("%s failed on %s in this process", describe(task.chunk), url)
-            self._fault(url, task, f"{type(exc).__name__}: {exc}")
+            log.exception("%s failed on %s in this process", ", ".join(describe(t.chunk) for t in group), url)
+            self._fault(url, group, f"{type(exc).__name__}: {exc}")
             return False
         finally:
             if url in self.inflight:
                 self.inflight[url] -= 1
-        self.tasks.succeeded(url)
-        job.deliver(task.chunk, result)
+        self.tasks.succeeded(url, len(group))
+        self.calls += 1
+        if len(group) == 1:
+            group[0].job.deliver(group[0].chunk, result)
+            return True
+        try:
+            parts = group[0].job.merge.split(result, [t.chunk.num_texts for t in group])
+        except Exception as exc:
+            self._fault(url, group, f"the shared answer does not split: {type(exc).__name__}: {exc}")
+            return True
+        self.merged_chunks += len(group)
+        for task, part in zip(group, parts):
+            task.job.deliver(task.chunk, part)
         return True
 
-    def _replica_failed(self, url: str, task: Task, exc: ReplicaError) -> None:
-        job: _Job = task.job
-        job.last_error = exc
+    def _replica_failed(self, url: str, group: list[Task], exc: ReplicaError) -> None:
+        for task in group:
+            task.job.last_error = exc
         if exc.input_rejected:
-            job.fail(ChunkRefused(f"{describe(task.chunk)} was refused: {exc}", exc))
+            if len(group) > 1:  # whose input? each chunk goes again alone
+                self._resplit(group)
+                return
+            group[0].job.fail(ChunkRefused(f"{describe(group[0].chunk)} was refused: {exc}", exc))
             return
         if self.on_retry is not None:
-            try:
-                self.on_retry(url, exc)
-            except Exception:
-                log.exception("on_retry failed")
-        failure = self.tasks.chunk_failed(url, task, str(exc), time.monotonic())
-        if failure is not None:
-            job.fail(JobFailed(failure))
-        self._notify_all()
+            for _ in group:
+                try:
+                    self.on_retry(url, exc)
+                except Exception:
+                    log.exception("on_retry failed")
+        self._count_failure(url, group, str(exc), JobFailed, blame_replica=True)
 
-    def _fault(self, url: str, task: Task, reason: str) -> None:
-        """The chunk failed here, not on the replica: another attempt (the replica is not blamed),
+    def _fault(self, url: str, group: list[Task], reason: str) -> None:
+        """The call failed here, not on the replica: another attempt (the replica is not blamed),
         or its job fails with DispatchFault after the last one."""
-        failure = self.tasks.chunk_failed(url, task, reason, time.monotonic(), blame_replica=False)
-        if failure is not None:
-            task.job.fail(DispatchFault(failure))
+        self._count_failure(url, group, reason, DispatchFault, blame_replica=False)
+
+    def _count_failure(self, url: str, group: list[Task], reason: str, error: type[JobFailed],
+                       blame_replica: bool) -> None:
+        """One failed attempt for each chunk of the call (the replica rests once for it); each
+        goes back to the front of its job's queue, in order, or its job fails."""
+        now = time.monotonic()
+        for i in reversed(range(len(group))):
+            task = group[i]
+            failure = self.tasks.chunk_failed(url, task, reason, now, blame_replica=blame_replica and i == 0)
+            if failure is not None:
+                task.job.fail(error(failure))
         self._notify_all()

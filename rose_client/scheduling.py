@@ -33,8 +33,8 @@ class ReplicaState:
     failing_since: float | None = None
     cooldown_until: float = 0.0
 
-    def succeeded(self) -> None:
-        self.completed_chunks += 1
+    def succeeded(self, chunks: int = 1) -> None:
+        self.completed_chunks += chunks
         self.consecutive_failures, self.failing_since = 0, None
 
     def failed(self, retry: RetryPolicy, now: float) -> None:
@@ -50,6 +50,7 @@ class Task:
     job: Any = None  # the owner (the dispatcher keeps several jobs in one queue)
     attempts: int = 0
     failed_on: set[str] = field(default_factory=set)
+    solo: bool = False  # runs in a call of its own (a call it shared was refused: aio.py)
 
 
 def describe(chunk: Chunk) -> str:
@@ -75,6 +76,9 @@ class TaskQueue:
         """Every queued task, job by job in turn order (a snapshot)."""
         return [task for tasks in self._jobs.values() for task in tasks]
 
+    def __len__(self) -> int:
+        return sum(map(len, self._jobs.values()))
+
     def set_replicas(self, urls: Iterable[str]) -> None:
         """Keep the state of replicas still listed, add new ones, forget the rest."""
         urls = list(dict.fromkeys(urls))
@@ -93,6 +97,10 @@ class TaskQueue:
             else:
                 del self._jobs[job]
 
+    def requeue(self, task: Task) -> None:
+        """Back to the front of its job's queue, and that job goes next (attempts unchanged)."""
+        self._requeue(task)
+
     def _requeue(self, task: Task) -> None:
         """Back to the front of its job's queue, and that job goes next."""
         self._jobs.setdefault(task.job, collections.deque()).appendleft(task)
@@ -106,25 +114,26 @@ class TaskQueue:
         """Seconds until `url` may take work (0: now)."""
         return max(self.replicas[url].cooldown_until - now, 0.0)
 
-    def take(self, url: str, now: float) -> Task | None:
-        """The first task `url` may run of the first job in turn that has one; that job's
-        turn then passes (it goes last)."""
+    def take(self, url: str, now: float, accept: Callable[[Task], bool] | None = None) -> Task | None:
+        """The first task `url` may run of the first job in turn that has one (and whose first
+        such task `accept` takes, when given); that job's turn then passes (it goes last)."""
         if url not in self.replicas or self.wait_s(url, now) > 0:
             return None
         for job, tasks in self._jobs.items():
-            for task in tasks:
-                if self._eligible(task, url):
-                    tasks.remove(task)
-                    if tasks:
-                        self._jobs.move_to_end(job)
-                    else:
-                        del self._jobs[job]
-                    return task
+            task = next((t for t in tasks if self._eligible(t, url)), None)
+            if task is None or (accept is not None and not accept(task)):
+                continue
+            tasks.remove(task)
+            if tasks:
+                self._jobs.move_to_end(job)
+            else:
+                del self._jobs[job]
+            return task
         return None
 
-    def succeeded(self, url: str) -> None:
+    def succeeded(self, url: str, chunks: int = 1) -> None:
         if url in self.replicas:
-            self.replicas[url].succeeded()
+            self.replicas[url].succeeded(chunks)
 
     def replica_unready(self, url: str, task: Task, now: float) -> None:
         """`url` was not ready to take `task`: the replica rests, the task keeps its attempts."""

@@ -13,6 +13,10 @@ from rose_wire import RERANKER, served_models
 
 MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_server's models served by name
 
+# Gateways started by the tests run one worker, whatever the CPU count (bounds and metrics stay
+# those the tests set); tests/unit/gateway/test_gateway_workers.py runs two.
+os.environ.setdefault("ROSE_GATEWAY_WORKERS", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite)."""

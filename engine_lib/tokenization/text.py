@@ -97,25 +97,43 @@ class TextTokenizer:
     def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
         """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts]). An over-long text
         (template included) loses its end (`truncation_direction` right) or its start (left)."""
-        keep_end = options.truncation_direction == "left"
-        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length, keep_end)
-                     for t in texts]
+        result = self.encode_many([(texts, options)])[0]
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    def encode_many(self, requests: Sequence[tuple[Sequence[str], RequestOptions]]
+                    ) -> list[tuple[np.ndarray, np.ndarray] | InputError]:
+        """Several requests' texts through one `encode_batch`: per request what `encode` returns,
+        or the InputError it raises (that request's alone; its TEXT[i] counts its own texts)."""
+        templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length,
+                                   options.truncation_direction == "left")
+                     for texts, options in requests for t in texts]
         extra = self.append_eos_id is not None
-        encodings = [e.ids for e in self._full.encode_batch(templated)]
-        too_long = [i for i, ids in enumerate(encodings) if len(ids) + extra > self.max_length]
-        if too_long and not options.truncate:
-            i = too_long[0]
-            raise InputError(f"TEXT[{i}] has {len(encodings[i]) + extra} tokens, more than the model's maximum "
-                             f"of {self.max_length}, and truncate=false", field=TEXT)
-        if too_long:
-            truncating = self._truncating[options.truncation_direction]
-            for i, enc in zip(too_long, truncating.encode_batch([templated[i] for i in too_long])):
+        encodings = [e.ids for e in self._full.encode_batch(templated)] if templated else []
+        starts = np.cumsum([0] + [len(texts) for texts, _ in requests]).tolist()
+        results: list = [None] * len(requests)
+        cut: dict[str, list[int]] = {}  # truncation direction -> texts to cut that way
+        for r, (_, options) in enumerate(requests):
+            too_long = [i for i in range(starts[r], starts[r + 1]) if len(encodings[i]) + extra > self.max_length]
+            if too_long and not options.truncate:
+                i = too_long[0]
+                results[r] = InputError(f"TEXT[{i - starts[r]}] has {len(encodings[i]) + extra} tokens, more than "
+                                        f"the model's maximum of {self.max_length}, and truncate=false", field=TEXT)
+            elif too_long:
+                cut.setdefault(options.truncation_direction, []).extend(too_long)
+        for direction, indices in cut.items():
+            for i, enc in zip(indices, self._truncating[direction].encode_batch([templated[i] for i in indices])):
                 encodings[i] = enc.ids
         if extra:
             encodings = [ids + [self.append_eos_id] for ids in encodings]
-        seq_lens = np.fromiter((len(ids) for ids in encodings), dtype=np.int64, count=len(encodings))
-        input_ids = np.fromiter((t for ids in encodings for t in ids), dtype=np.int64, count=int(seq_lens.sum()))
-        return input_ids, seq_lens
+        for r, result in enumerate(results):
+            if result is None:
+                rows = encodings[starts[r]:starts[r + 1]]
+                seq_lens = np.fromiter((len(ids) for ids in rows), dtype=np.int64, count=len(rows))
+                results[r] = (np.fromiter((t for ids in rows for t in ids), dtype=np.int64,
+                                          count=int(seq_lens.sum())), seq_lens)
+        return results
 
     def encode_windows(self, texts: Sequence[str], options: RequestOptions
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -199,7 +199,7 @@ def test_failures_show_no_replica_address_or_internal_text(caplog, monkeypatch):
 
     async def scenario(client, app, replica):
         failed = await embed(client, ["x"])
-        monkeypatch.setattr(app.state.gateway.tokenizer, "encode_texts", lambda *args: 1 / 0)
+        monkeypatch.setattr(app.state.gateway.tokenizer, "encode_many", lambda *args: 1 / 0)
         broken = await embed(client, ["y"])
         return failed, broken
 
