@@ -114,6 +114,7 @@ class EncoderConfig:
     max_graph_tokens: int = AUTO  # auto: every batch the scheduler can form (budget, or model maximum if larger)
     max_graph_seqs: int = AUTO    # auto: max_batch_sequences
     num_threads: int = 0
+    cpu_linear: str = "auto"  # auto | onednn | plain: CPU Linears packed for oneDNN (engine_lib/models/cpu_linear.py)
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
     # Test-only (docs/operations.md): while this file exists, batches wait before their step. "" = off.
@@ -140,6 +141,8 @@ class EncoderConfig:
             raise ValueError(f"max_graph_tokens must be >= 64 (or auto), got {self.max_graph_tokens}")
         if self.max_graph_seqs != AUTO and self.max_graph_seqs < 1:
             raise ValueError(f"max_graph_seqs must be >= 1 (or auto), got {self.max_graph_seqs}")
+        if self.cpu_linear not in ("auto", "onednn", "plain"):
+            raise ValueError(f"cpu_linear must be auto, onednn or plain, got {self.cpu_linear!r}")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/runner/step_threads.py)")
 

@@ -22,7 +22,8 @@ def build_endpoint(config: EncoderConfig, **engine_options) -> Endpoint:
         torch.set_num_threads(config.num_threads)
     engine = ModelRunner(config.model_dir, device=config.device, dtype=config.dtype,
                     attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
-                    task=config.task, self_check=config.self_check, **engine_options)
+                    task=config.task, self_check=config.self_check, cpu_linear=config.cpu_linear,
+                    **engine_options)
     # The graph grid covers every batch the scheduler can form: up to the token budget (the
     # largest auto may pick), or one sequence of the model's maximum length, which leaves alone.
     budget_bound = config.max_batch_tokens if config.max_batch_tokens != AUTO else LADDER_MAX
