@@ -123,6 +123,7 @@ class EncoderConfig:
     max_graph_seqs: int = AUTO    # auto: max_batch_sequences
     max_graphs: int = 256  # graphs kept at most; batches of a key first seen after that run eagerly
     num_threads: int = 0
+    cpu_linear: str = "auto"  # auto | onednn | plain: CPU Linears packed for oneDNN (engine_lib/models/cpu_linear.py)
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
     # Where the int8 calibration rows are cached ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
@@ -152,6 +153,8 @@ class EncoderConfig:
             raise ValueError(f"max_graph_tokens must be >= 64 (or auto), got {self.max_graph_tokens}")
         if self.max_graph_seqs != AUTO and self.max_graph_seqs < 1:
             raise ValueError(f"max_graph_seqs must be >= 1 (or auto), got {self.max_graph_seqs}")
+        if self.cpu_linear not in ("auto", "onednn", "plain"):
+            raise ValueError(f"cpu_linear must be auto, onednn or plain, got {self.cpu_linear!r}")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/runner/step_threads.py)")
 

@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine_lib.models.fused import FusedLinear
-
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+from engine_lib.models.fused import FusedLinear, LinearAct
 
 
 class BertEmbeddings(nn.Module):
@@ -49,13 +46,12 @@ class BertAttention(nn.Module):
 class BertMLP(nn.Module):
     def __init__(self, cfg: dict):
         super().__init__()
-        self.intermediate = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"])
+        self.intermediate = LinearAct(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "gelu"))
         self.output = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"])
         self.LayerNorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg["layer_norm_eps"])
-        self.act = ACTIVATIONS[cfg.get("hidden_act", "gelu")]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(hidden + self.output(self.act(self.intermediate(hidden))))
+        return self.LayerNorm(hidden + self.output(self.intermediate(hidden)))
 
 
 class BertLayer(nn.Module):

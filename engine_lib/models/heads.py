@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from engine_lib.model_folder import ModelFolder, scoring_architecture
+from engine_lib.models.fused import LinearAct
 from engine_lib.models.loader import read_tensors
 from engine_lib.models.pooling import pool
 
@@ -63,12 +64,12 @@ class BertClassifierHead(_CheckpointHead):
 
     def __init__(self, cfg: dict):
         super().__init__()
-        self.dense = nn.Linear(cfg["hidden_size"], cfg["hidden_size"])
+        self.dense = LinearAct(cfg["hidden_size"], cfg["hidden_size"], "tanh")
         self.out = nn.Linear(cfg["hidden_size"], 1)
         self.output_dim = 1
 
     def forward(self, hidden, cu_seqlens, seq_ids):
-        return self.out(torch.tanh(self.dense(pool(hidden, cu_seqlens, seq_ids, "cls"))))
+        return self.out(self.dense(pool(hidden, cu_seqlens, seq_ids, "cls")))
 
 
 class RobertaClassifierHead(BertClassifierHead):

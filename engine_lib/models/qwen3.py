@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_lib.models.fused import FusedLinear
+from engine_lib.models.fused import FusedLinear, GatedLinear
 
 
 def rope_theta(cfg: dict) -> float:
@@ -91,12 +91,11 @@ class Qwen3MLP(nn.Module):
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
         inter = cfg["intermediate_size"]
-        self.gate_up_proj = FusedLinear(cfg["hidden_size"], (inter, inter), bias=False)  # checkpoint gate/up_proj
+        self.gate_up_proj = GatedLinear(cfg["hidden_size"], inter)  # checkpoint gate/up_proj; silu(gate) * up
         self.down_proj = nn.Linear(inter, cfg["hidden_size"], bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class Qwen3Layer(nn.Module):

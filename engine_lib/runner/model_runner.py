@@ -12,6 +12,7 @@ from engine_lib.device.cuda_env import check_cuda_fits
 from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor
 from engine_lib.model_folder import ModelFolder
 from engine_lib.models import model_class
+from engine_lib.models.cpu_linear import pack_linears, use_onednn
 from engine_lib.models.heads import build_head
 from engine_lib.models.loader import load_weights
 from engine_lib.models.pooling import pool
@@ -65,12 +66,17 @@ class ModelRunner:
     At load the built-in probe batch runs through the served path (warming lazily
     compiled kernels, e.g. FlashInfer's) and, in a half dtype, is checked against a
     float32 copy on the same device (self_check.py); `self_check_cosine` keeps the figure.
+
+    cpu_linear: "auto" packs every Linear for oneDNN once at load when on CPU and the
+    probe passes (models/cpu_linear.py; else F.linear and one log line), "onednn"
+    insists, "plain" keeps F.linear; `self.cpu_linear` says which path serves.
     """
 
     def __init__(self, model: ModelFolder | str, device: str = "auto", dtype: str = "auto",
                  attention_backend: str = "auto", cuda_graphs: str = "auto",
                  max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
-                 graph_capture: Capture | None = None, task: str = "embed", self_check: bool = True):
+                 graph_capture: Capture | None = None, task: str = "embed", self_check: bool = True,
+                 cpu_linear: str = "auto"):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         self.model_dir = folder.path
         self.device = resolve_device(device)
@@ -86,6 +92,10 @@ class ModelRunner:
         self.type_vocab_size = int(cfg.get("type_vocab_size", 1) or 1)
         self._cfg, self._cls, self._folder = cfg, cls, folder
         self.model, self.head = self._build_model(self.backend, self.dtype)
+        self.cpu_linear = "onednn" if use_onednn(cpu_linear, self.device, self.dtype) else "plain"
+        if self.cpu_linear == "onednn":
+            pack_linears(self.model)
+            pack_linears(self.head)
         self.output_dim = self.head.output_dim
         self.score_activation = self.head.activation
         self.pooling = getattr(self.head, "mode", None)

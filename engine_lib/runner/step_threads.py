@@ -17,11 +17,14 @@ MIN_FLOPS_PER_THREAD = 50e6  # ~1 ms of one core's work
 
 
 def flops_per_token(model) -> float:
-    """2 x the weights a token passes through (every matrix except embedding tables)."""
+    """2 x the weights a token passes through (every matrix except embedding tables; packed Linears too)."""
     import torch
 
+    from engine_lib.models.cpu_linear import PACKED_TYPES
+
     tables = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    return 2.0 * sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in tables)
+    dense = sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in tables)
+    return 2.0 * (dense + sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, PACKED_TYPES)))
 
 
 class StepThreads:

@@ -2,6 +2,9 @@
 
 - all-MiniLM-L6-v2 `ModelRunner.step` at 1 x 128 tokens vs ONNX Runtime's optimum O2 export
   (same token ids, in its own venv: `python -m perf setup ort` first, or it is left out);
+- ours twice, before/after in the same run: `cpu_linear=auto` (Linears packed for oneDNN where the
+  probe passes) as `rose`, `cpu_linear=plain` (F.linear, MKL) as `rose-plain`;
+- the Linear GEMMs alone on the models' shapes: F.linear vs the packed oneDNN op, GFLOP/s;
 - model FLOP/s at 32 x 256 tokens as a fraction of the dense-GEMM FLOP/s measured in the same run;
 - the same for a random-weight Qwen3 of the 0.6B shape cut to a few layers (no ORT export of it).
 Ours and ORT run in alternating blocks (p50 and best per system), so a busy machine slows both
@@ -32,7 +35,16 @@ QWEN3_LAYERS = 4
 CELLS = (("minilm", 1, 128, 5, 10), ("minilm", 32, 256, 5, 1), ("qwen3", 1, 128, 5, 10), ("qwen3", 32, 256, 2, 1))
 SCENARIOS = {"minilm": "all-MiniLM-L6-v2, one ModelRunner.step",
              "qwen3": f"random Qwen3 0.6B shape, {QWEN3_LAYERS} layers, one ModelRunner.step"}
-LABELS = {"rose": "ours: ModelRunner.step in-process", "ort": "ONNX Runtime (optimum O2 export), session.run only"}
+LABELS = {"rose": "ours: ModelRunner.step in-process, cpu_linear=auto (packed oneDNN)",
+          "rose-plain": "ours: ModelRunner.step in-process, cpu_linear=plain (F.linear)",
+          "ort": "ONNX Runtime (optimum O2 export), session.run only"}
+OURS = {"rose": "auto", "rose-plain": "plain"}  # target -> cpu_linear
+# (name, in_features, out_features, rows): the Linears of all-MiniLM-L6-v2 (q/k/v fused, MLP) and of
+# the Qwen3 0.6B shape (gate/up fused, down) at 1 x 128 and 32 x 256 tokens
+LINEAR_SHAPES = (("minilm qkv", 384, 1152, 128), ("minilm mlp in", 384, 1536, 128), ("minilm mlp out", 1536, 384, 128),
+                 ("minilm qkv", 384, 1152, 8192), ("minilm mlp in", 384, 1536, 8192),
+                 ("minilm mlp out", 1536, 384, 8192), ("qwen3 gate/up", 1024, 6144, 128),
+                 ("qwen3 down", 3072, 1024, 128), ("qwen3 gate/up", 1024, 6144, 2048))
 
 ORT_WORKER = r"""
 import json, sys, time
@@ -112,6 +124,40 @@ def gemm_fractions(entry: dict, config: dict, gemm: float) -> None:
         result["gemm_fraction_best"] = flops / (result["best_ms"] / 1e3) / gemm
 
 
+def linear_rates(seconds: float = 0.4) -> list[dict]:
+    """GFLOP/s of one Linear per LINEAR_SHAPES row: F.linear against the weight packed for oneDNN
+    (`_linear_pointwise`, as cpu_linear=auto runs it), alternating, best of each."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine_lib.models.cpu_linear import PackedLinear, probe
+
+    if probe(torch.float32) is not None:
+        return []
+    rates = []
+    with torch.inference_mode():
+        for name, k, n, m in LINEAR_SHAPES:
+            layer, x = torch.nn.Linear(k, n), torch.randn(m, k)
+            packed = PackedLinear(layer)
+            calls = {"plain": lambda: F.linear(x, layer.weight, layer.bias), "onednn": lambda: packed(x)}
+            best = {key: float("inf") for key in calls}
+            for _ in range(3):
+                for key, call in calls.items():
+                    call()
+                    reps, start = 0, time.perf_counter()
+                    while reps < 2 or time.perf_counter() - start < seconds / 6:
+                        t0 = time.perf_counter()
+                        call()
+                        best[key] = min(best[key], time.perf_counter() - t0)
+                        reps += 1
+            flops = 2 * m * k * n
+            rates.append({"linear": name, "in": k, "out": n, "rows": m,
+                          **{f"{key}_gflops": flops / t / 1e9 for key, t in best.items()}})
+            log(f"  linear {name} {k}x{n}, {m} rows: F.linear {rates[-1]['plain_gflops']:.0f}, packed oneDNN "
+                f"{rates[-1]['onednn_gflops']:.0f} GFLOP/s")
+    return rates
+
+
 def time_cells(engines: dict, ort: OrtWorker | None, keys: str | None, scale: float) -> list[dict]:
     entries = []
     for model, batch, length, rounds, reps in CELLS:
@@ -120,7 +166,7 @@ def time_cells(engines: dict, ort: OrtWorker | None, keys: str | None, scale: fl
         rounds = max(1, round(rounds * scale))
         cell = Cell(SCENARIOS[model], f"{model}-{batch}x{length}", "sequential", "tokens", length, batch,
                     num_requests=rounds * reps)
-        timers = {"rose": engine_timer(engines[model], batch, length)}
+        timers = {name: engine_timer(engine, batch, length) for name, engine in engines[model].items()}
         if ort is not None and model == "minilm":
             timers["ort"] = ort.timer(batch, length)
         entries.append(cell.entry(interleaved(timers, rounds, reps)))
@@ -137,7 +183,9 @@ def measure(args, out_json, machine: dict) -> dict:
     gemm_start = gemm_flops(3.0)
     model = model_info(args.model_dir)
     ort = None
-    if not args.targets or "ort" in args.targets.split(","):
+    wanted = args.targets.split(",") if args.targets else ["rose", "rose-plain", "ort"]
+    ours = [name for name in OURS if name in wanted]
+    if "ort" in wanted:
         try:
             ort = OrtWorker(model["dir"])
         except FileNotFoundError as exc:
@@ -146,8 +194,11 @@ def measure(args, out_json, machine: dict) -> dict:
         save_random_qwen3({**QWEN3_EMBEDDING_0_6B, "vocab_size": 32768, "num_hidden_layers": QWEN3_LAYERS,
                            "max_position_embeddings": 1024}, folder)
         configs = {"minilm": model["config"], "qwen3": json.loads(Path(folder, "config.json").read_text())}
-        engines = {"minilm": ModelRunner(model["dir"], device="cpu"), "qwen3": ModelRunner(folder, device="cpu")}
+        engines = {key: {name: ModelRunner(path, device="cpu", cpu_linear=OURS[name]) for name in ours}
+                   for key, path in (("minilm", model["dir"]), ("qwen3", folder))}
+        paths = {name: engine.cpu_linear for name, engine in engines["minilm"].items()}
         entries = time_cells(engines, ort, args.cells, args.scale)
+    linears = linear_rates()
     if ort is not None:
         ort.close()
     gemm_end = gemm_flops(3.0)
@@ -160,6 +211,11 @@ def measure(args, out_json, machine: dict) -> dict:
                          f"{n} {r['gemm_fraction_p50']:.0%} / {r['gemm_fraction_best']:.0%}"
                          for n, r in entry["results"].items()))
     threads = torch.get_num_threads()
+    notes.append("Linear path per target (cpu_linear): " + ", ".join(f"{n} {p}" for n, p in paths.items()))
+    if linears:
+        notes.append("One Linear alone, F.linear vs packed oneDNN, GFLOP/s (best of alternating blocks): " + "; ".join(
+            f"{r['linear']} {r['in']}x{r['out']} at {r['rows']} rows {r['plain_gflops']:.0f} vs "
+            f"{r['onednn_gflops']:.0f}" for r in linears))
     notes.append(f"Systems alternate in blocks of steps (`n` = steps timed); torch threads {threads}; GEMM "
                  f"{gemm['flops_per_s'] / 1e9:.1f} GFLOP/s (better of start {gemm_start['flops_per_s'] / 1e9:.1f} "
                  f"and end {gemm_end['flops_per_s'] / 1e9:.1f})")
@@ -167,6 +223,7 @@ def measure(args, out_json, machine: dict) -> dict:
             "check": "No output check: the same token ids go to each system; only step times are compared.",
             "machine": {**machine, "load_avg_at_end": os.getloadavg(), "cpu_busy_after": cpu_busy(1.0)},
             "model": model,
-            "targets": {name: {"label": LABELS[name]} for name in ("rose", "ort") if name == "rose" or ort},
+            "targets": {name: {"label": LABELS[name]} for name in (*ours, *(["ort"] if ort else []))},
+            "linear_path": paths, "linear_gflops": linears,
             "gemm": gemm, "gemm_at_start": gemm_start, "gemm_at_end": gemm_end, "torch_threads": threads,
             "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"), "cells": entries}

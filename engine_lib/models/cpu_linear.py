@@ -1,0 +1,138 @@
+"""CPU linear layers on oneDNN with weights packed once at load (the `cpu_linear` setting).
+
+On CPU `F.linear` goes to MKL's GEMM, which on AMD EPYC runs the models' own
+shapes well below oneDNN with the weight reordered once into oneDNN's blocked
+layout (figures in docs/engine.md). `pack_linears` swaps every Linear of a model
+for a packed one calling `torch.ops.mkldnn._linear_pointwise`, what inductor's
+CPU freezing emits, with the layer's activation (GELU, tanh, ReLU, SiLU) in the
+GEMM's epilogue. These are private torch entry points that change between
+releases: `probe` runs each packed layer kind once on tiny tensors against the
+plain one; if an op is missing or wrong, the plain path serves, with one log line.
+"""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from engine_lib.models.fused import ACTIVATIONS, FusedLinear, GatedLinear, LinearAct
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "onednn", "plain")
+
+# LinearAct.activation -> (oneDNN post-op, algorithm) of _linear_pointwise
+EPILOGUES = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "relu": ("relu", ""),
+             "silu": ("swish", ""), "tanh": ("tanh", "")}
+assert set(EPILOGUES) - {None} == set(ACTIVATIONS)
+
+
+def onednn_ops() -> SimpleNamespace:
+    """The private ops (AttributeError or RuntimeError where this torch lacks them)."""
+    ops = torch.ops.mkldnn
+    return SimpleNamespace(reorder=ops._reorder_linear_weight, linear=ops._linear_pointwise.default,
+                           linear_binary=ops._linear_pointwise.binary)
+
+
+class PackedLinear(nn.Module):
+    """A Linear, FusedLinear or LinearAct with its weight in oneDNN's layout; called the same way."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.ops = onednn_ops()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if isinstance(linear, FusedLinear):
+            self.parts = linear.parts
+        self.post_op, self.algorithm = EPILOGUES[getattr(linear, "activation", None)]
+        self.packed_weight = self.ops.reorder(linear.weight.detach(), None)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
+
+
+class PackedGatedLinear(nn.Module):
+    """GatedLinear as two packed GEMMs: silu in the gate's epilogue, `* gate` in the up GEMM's."""
+
+    def __init__(self, linear: GatedLinear):
+        super().__init__()
+        self.ops = onednn_ops()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight, bias = linear.weight.detach(), linear.bias
+        (gate_start, size), (up_start, _) = linear.part_rows(0), linear.part_rows(1)
+        self.gate_weight = self.ops.reorder(weight.narrow(0, gate_start, size).contiguous(), None)
+        self.up_weight = self.ops.reorder(weight.narrow(0, up_start, size).contiguous(), None)
+        self.gate_bias = None if bias is None else nn.Parameter(bias.detach()[gate_start:gate_start + size].clone())
+        self.up_bias = None if bias is None else nn.Parameter(bias.detach()[up_start:up_start + size].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.ops.linear(x, self.gate_weight, self.gate_bias, "swish", [], "")
+        return self.ops.linear_binary(x, gate, self.up_weight, self.up_bias, "mul")
+
+
+PACKED = {nn.Linear: PackedLinear, FusedLinear: PackedLinear, LinearAct: PackedLinear,
+          GatedLinear: PackedGatedLinear}
+PACKED_TYPES = (PackedLinear, PackedGatedLinear)
+
+
+@torch.no_grad()
+def pack_linears(module: nn.Module) -> int:
+    """Swap every Linear under `module` (exact types in PACKED) for its packed form; returns how many.
+    The plain weights are dropped: pack last, after loading, dtype and device."""
+    count = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            packed = PACKED.get(type(child))
+            if packed is not None:
+                setattr(parent, name, packed(child))
+                count += 1
+    return count
+
+
+def _probe_layers(dtype: torch.dtype) -> list[nn.Module]:
+    """One small layer of every kind `pack_linears` packs, with every epilogue (weights not set:
+    built on the meta device, so torch's global random state is left alone)."""
+    with torch.device("meta"):
+        layers = [nn.Linear(16, 8), FusedLinear(16, (8, 4, 4)), nn.Linear(16, 8, bias=False), GatedLinear(16, 8)]
+        layers += [LinearAct(16, 8, activation) for activation in ACTIVATIONS]
+    return [layer.to_empty(device="cpu").to(dtype) for layer in layers]
+
+
+@torch.no_grad()
+def probe(dtype: torch.dtype) -> str | None:
+    """None when every packed layer kind gives the plain layer's rows here in `dtype`; else why not."""
+    if not torch.backends.mkldnn.is_available():
+        return "this torch has no oneDNN (torch.backends.mkldnn)"
+    generator = torch.Generator().manual_seed(0)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    try:
+        for layer in _probe_layers(dtype):
+            for param in layer.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) / 4)
+            x = torch.randn(5, 16, generator=generator).to(dtype)
+            expected = layer(x).float()
+            got = PACKED[type(layer)](layer)(x).float()
+            if got.shape != expected.shape or not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
+                return f"{type(layer).__name__} {getattr(layer, 'activation', '')} gives other rows than F.linear"
+    except (AttributeError, RuntimeError, TypeError, NotImplementedError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def use_onednn(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether to pack: `plain` never; `auto` on CPU when the probe passes (else the plain path and one
+    log line); `onednn` insists (an error naming why it cannot)."""
+    if mode not in MODES:
+        raise ValueError(f"cpu_linear must be one of {MODES}, got {mode!r}")
+    if mode == "plain" or (mode == "auto" and device.type != "cpu"):
+        return False
+    reason = f"device is {device.type}, not cpu" if device.type != "cpu" else probe(dtype)
+    if reason is None:
+        return True
+    if mode == "onednn":
+        raise ValueError(f"cpu_linear=onednn: the packed oneDNN path does not work here ({reason})")
+    log.warning("cpu_linear=auto: linear layers run on F.linear, not packed oneDNN (%s, %s)",
+                str(dtype).removeprefix("torch."), reason)
+    return False
