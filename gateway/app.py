@@ -200,7 +200,11 @@ class Gateway:
         self.authorize(request)
         body = await self.read_json(request)
         self.require_ready(ROSE_ENCODER)  # which rerankers are served is known from ready replicas
-        route = self.routes.reranker(rerank.requested_model(body))
+        try:
+            route = self.routes.reranker(rerank.requested_model(body))
+        except ApiError:  # a bad body is named first (400/413, under the default reranker's limits), then 404
+            rerank.parse_request(body, self.routes.default_reranker.limits)
+            raise
         req = rerank.parse_request(body, route.limits)
         self.require_ready(route.ensemble)
         scores = await self._dispatch(request, self.backend.rerank(req.query, req.documents, req.parameters,
