@@ -12,7 +12,7 @@ from engine_lib.device.cuda_env import check_cuda_fits
 from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor
 from engine_lib.model_folder import ModelFolder
 from engine_lib.models import model_class
-from engine_lib.models.cpu_linear import pack_linears, use_onednn
+from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, pack_linears, use_onednn
 from engine_lib.models.heads import build_head
 from engine_lib.models.loader import load_weights
 from engine_lib.models.pooling import pool
@@ -93,9 +93,10 @@ class ModelRunner:
         self._cfg, self._cls, self._folder = cfg, cls, folder
         self.model, self.head = self._build_model(self.backend, self.dtype)
         self.cpu_linear = "onednn" if use_onednn(cpu_linear, self.device, self.dtype) else "plain"
-        if self.cpu_linear == "onednn":
-            pack_linears(self.model)
-            pack_linears(self.head)
+        self.packed_layers = 0
+        if self.cpu_linear == "onednn":  # auto: only the layers large enough to gain (cpu_linear.py)
+            smallest = AUTO_MIN_WEIGHT_ELEMENTS if cpu_linear == "auto" else 0
+            self.packed_layers = pack_linears(self.model, smallest) + pack_linears(self.head, smallest)
         self.output_dim = self.head.output_dim
         self.score_activation = self.head.activation
         self.pooling = getattr(self.head, "mode", None)

@@ -96,10 +96,24 @@ def test_reranker_heads_same_scores_on_both_paths(tmp_path, kind):
 def test_packing_swaps_every_linear_and_keeps_the_thread_policy_input(tmp_path):
     folder = qwen3_folder(tmp_path)
     plain = ModelRunner(folder, device="cpu", cpu_linear="plain")
-    packed = ModelRunner(folder, device="cpu", cpu_linear="auto")
-    assert packed.cpu_linear == "onednn"
+    packed = ModelRunner(folder, device="cpu", cpu_linear="onednn")
+    assert packed.cpu_linear == "onednn" and packed.packed_layers > 0
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
     assert flops_per_token(packed.model) == flops_per_token(plain.model) > 0
+
+
+@needs_onednn
+def test_auto_packs_only_layers_large_enough_to_gain(tmp_path, monkeypatch):
+    """The test model's layers are all below AUTO_MIN_WEIGHT_ELEMENTS: auto packs none of them;
+    with the bound lowered to its largest layer, exactly the layers that large."""
+    folder = qwen3_folder(tmp_path)
+    assert ModelRunner(folder, device="cpu", cpu_linear="auto").packed_layers == 0
+    sizes = [m.weight.numel() for m in ModelRunner(folder, device="cpu", cpu_linear="plain").model.modules()
+             if isinstance(m, torch.nn.Linear)]
+    from engine_lib.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "AUTO_MIN_WEIGHT_ELEMENTS", max(sizes))
+    assert ModelRunner(folder, device="cpu", cpu_linear="auto").packed_layers == sizes.count(max(sizes))
 
 
 @needs_onednn
