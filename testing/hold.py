@@ -1,4 +1,4 @@
-"""The encoder's test-only hold, seen from a test: a gate file the test controls.
+"""The encoder's and the tokenizer's test-only holds, seen from a test: gate files the test controls.
 
 A server started with `hold.env` (ROSE_TEST_HOLD_FILE, EncoderConfig.test_hold_file)
 keeps the batch its encoder picked from stepping while the gate file exists, so work the
@@ -13,15 +13,18 @@ from pathlib import Path
 from testing.reliability_helpers import metric_value
 
 
-class EncoderHold:
-    def __init__(self, folder: Path):
-        self.path = Path(folder) / "encoder.hold"
+class _GateFile:
+    """A test-only gate of the server: held while `path` exists (`with gate:` holds, leaving releases)."""
+    ENV = ""  # the launcher variable that points the server at the file
+
+    def __init__(self, path: Path):
+        self.path = path
 
     @property
     def env(self) -> dict[str, str]:
-        return {"ROSE_TEST_HOLD_FILE": str(self.path)}
+        return {self.ENV: str(self.path)}
 
-    def __enter__(self) -> "EncoderHold":
+    def __enter__(self):
         self.path.touch()
         return self
 
@@ -32,28 +35,25 @@ class EncoderHold:
         self.path.unlink(missing_ok=True)
 
 
-class TokenizerHold:
+class EncoderHold(_GateFile):
+    ENV = "ROSE_TEST_HOLD_FILE"
+
+    def __init__(self, folder: Path):
+        super().__init__(Path(folder) / "encoder.hold")
+
+
+class TokenizerHold(_GateFile):
     """The tokenizer's test-only hold (ROSE_TEST_TOKENIZE_HOLD_FILE, TokenizerConfig.test_tokenize_hold_file):
     while held, a request waits before it is tokenized; `wait_entered` returns once one is inside."""
+    ENV = "ROSE_TEST_TOKENIZE_HOLD_FILE"
 
     def __init__(self, folder: Path):
-        self.path = Path(folder) / "tokenizer.hold"
+        super().__init__(Path(folder) / "tokenizer.hold")
         self.entered = Path(f"{self.path}.entered")
 
-    @property
-    def env(self) -> dict[str, str]:
-        return {"ROSE_TEST_TOKENIZE_HOLD_FILE": str(self.path)}
-
-    def __enter__(self) -> "TokenizerHold":
+    def __enter__(self):
         self.entered.unlink(missing_ok=True)
-        self.path.touch()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-    def release(self) -> None:
-        self.path.unlink(missing_ok=True)
+        return super().__enter__()
 
     def wait_entered(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
