@@ -51,7 +51,10 @@ def test_each_embedder_matches_its_reference_on_every_path(multi_server, embedde
     models, reference, width = embedders[name]
     status, body = post(server, "/v1/embeddings", {"model": name, "input": TEXTS})
     assert status == 200 and body["model"] == name, body
+    status, cohere = post(server, "/v2/embed", {"model": name, "texts": TEXTS, "embedding_types": ["float"]})
+    assert status == 200, cohere
     paths = {
+        "gateway /v2/embed": np.array(cohere["embeddings"]["float"], dtype=np.float32),
         "ensemble gRPC": embed_stream(server.grpc_url, TEXTS, model=models.ensemble),
         "ensemble HTTP generate": embed_generate(server.http_url, TEXTS, model=models.ensemble),
         "unary gRPC": embed_unary_grpc(server.grpc_url, TEXTS, model=models.front),
@@ -59,6 +62,9 @@ def test_each_embedder_matches_its_reference_on_every_path(multi_server, embedde
         "gateway": np.array([d["embedding"] for d in body["data"]], dtype=np.float32),
         "rose_client": EmbeddingClient([server.grpc_url], model=models.ensemble).embed(TEXTS),
     }
+    with urllib.request.urlopen(f"{server.gateway_url}/v1/models/{name}", timeout=120) as response:
+        ranges = json.load(response)["int8_ranges"]  # this model's calibration, from its own encoder
+    assert np.array(ranges).shape == (2, width)
     expected = reference(TEXTS)
     for path, rows in paths.items():
         assert rows.shape == (len(TEXTS), width), path
