@@ -2,8 +2,9 @@
 
 - all-MiniLM-L6-v2 `ModelRunner.step` at 1 x 128 tokens vs ONNX Runtime's optimum O2 export
   (same token ids, in its own venv: `python -m perf setup ort` first, or it is left out);
-- ours twice, before/after in the same run: `cpu_linear=auto` (Linears packed for oneDNN where the
-  probe passes) as `rose`, `cpu_linear=plain` (F.linear, MKL) as `rose-plain`;
+- ours three ways in the same run: `cpu_linear=auto` (what ships: Linears of >= 2^20 weight elements
+  packed for oneDNN) as `rose`, `cpu_linear=onednn` (every Linear packed) as `rose-onednn`,
+  `cpu_linear=plain` (F.linear, MKL) as `rose-plain`;
 - the Linear GEMMs alone on the models' shapes: F.linear vs the packed oneDNN op, GFLOP/s;
 - model FLOP/s at 32 x 256 tokens as a fraction of the dense-GEMM FLOP/s measured in the same run;
 - the same for a random-weight Qwen3 of the 0.6B shape cut to a few layers (no ORT export of it).
@@ -35,10 +36,11 @@ QWEN3_LAYERS = 4
 CELLS = (("minilm", 1, 128, 5, 10), ("minilm", 32, 256, 5, 1), ("qwen3", 1, 128, 5, 10), ("qwen3", 32, 256, 2, 1))
 SCENARIOS = {"minilm": "all-MiniLM-L6-v2, one ModelRunner.step",
              "qwen3": f"random Qwen3 0.6B shape, {QWEN3_LAYERS} layers, one ModelRunner.step"}
-LABELS = {"rose": "ours: ModelRunner.step in-process, cpu_linear=auto (packed oneDNN)",
+LABELS = {"rose": "ours: ModelRunner.step in-process, cpu_linear=auto (large Linears packed for oneDNN)",
+          "rose-onednn": "ours: ModelRunner.step in-process, cpu_linear=onednn (every Linear packed)",
           "rose-plain": "ours: ModelRunner.step in-process, cpu_linear=plain (F.linear)",
           "ort": "ONNX Runtime (optimum O2 export), session.run only"}
-OURS = {"rose": "auto", "rose-plain": "plain"}  # target -> cpu_linear
+OURS = {"rose": "auto", "rose-onednn": "onednn", "rose-plain": "plain"}  # target -> cpu_linear
 # (name, in_features, out_features, rows): the Linears of all-MiniLM-L6-v2 (q/k/v fused, MLP) and of
 # the Qwen3 0.6B shape (gate/up fused, down) at 1 x 128 and 32 x 256 tokens
 LINEAR_SHAPES = (("minilm qkv", 384, 1152, 128), ("minilm mlp in", 384, 1536, 128), ("minilm mlp out", 1536, 384, 128),
@@ -183,7 +185,7 @@ def measure(args, out_json, machine: dict) -> dict:
     gemm_start = gemm_flops(3.0)
     model = model_info(args.model_dir)
     ort = None
-    wanted = args.targets.split(",") if args.targets else ["rose", "rose-plain", "ort"]
+    wanted = args.targets.split(",") if args.targets else ["rose", "rose-onednn", "rose-plain", "ort"]
     ours = [name for name in OURS if name in wanted]
     if "ort" in wanted:
         try:
