@@ -142,10 +142,10 @@ class AsyncStreamSlot:
             self._reset()  # its reply would otherwise answer the next call
             raise
         except asyncio.TimeoutError:
-            await self.close()
+            self._reset()
             raise ReplicaError(self.url, f"no response within {self.request_timeout:.0f}s") from None
         except InferenceServerException as exc:
-            await self.close()
+            self._reset()
             raise ReplicaError(self.url, exc.message()) from None
         except grpc.RpcError as exc:
             self._broken()
@@ -156,13 +156,13 @@ class AsyncStreamSlot:
         finally:
             self.busy = False
         if error is not None:
-            await self.close()
+            self._reset()
             raise ReplicaError(self.url, error.message())
         arrays = {}
         for name in call.outputs or (call.output,):
             rows = result.as_numpy(name)
             if rows is None or (call.rows is not None and (rows.ndim < 1 or rows.shape[0] != call.rows)):
-                await self.close()
+                self._reset()
                 raise ReplicaError(self.url, f"{name} shape {None if rows is None else list(rows.shape)} "
                                              f"for {call.rows} rows")
             arrays[name] = rows
@@ -184,6 +184,8 @@ class AsyncStreamSlot:
             self._generation = self.channel.generation
 
     async def close(self) -> None:
+        """The slot's end (its worker's): drop the stream and leave the channel's list. A failed call
+        only resets the stream (`_reset`): the slot stays listed, so drop_idle_streams reaches its next one."""
         self._reset()
         if self in self.channel.slots:
             self.channel.slots.remove(self)

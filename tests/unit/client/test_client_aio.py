@@ -247,3 +247,46 @@ def test_idle_streams_close_when_the_replica_stops_being_ready():
 
     streams = asyncio.run(scenario())
     assert [s.cancelled for s in streams] == [True, False]
+
+
+def test_a_slot_stays_registered_after_a_failed_call_so_its_next_stream_is_dropped_too():
+    """A call answered with an error drops that slot's stream; the slot's next call opens a new
+    one, which drop_idle_streams (a stopping replica) must still close: the slot stays in the
+    channel's list (it used to leave it, and its new stream then held a stopping Triton open)."""
+    from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
+
+    class FailingOnce(FakeStreamClient):
+        fail_next = True
+
+        def stream_infer(self, requests):
+            stream = super().stream_infer(requests)
+            answer = stream.__anext__
+
+            async def first_fails():
+                result, error = await answer()
+                if self.fail_next:
+                    self.fail_next = False
+
+                    class Error:
+                        def message(self):
+                            return "invalid input"
+                    return None, Error()
+                return result, error
+
+            stream.__anext__ = first_fails
+            return stream
+
+    async def scenario():
+        channel = ReplicaChannel.__new__(ReplicaChannel)
+        channel.url, channel.client, channel.generation, channel.slots = "fake:1", FailingOnce(), 0, []
+        slot = AsyncStreamSlot(channel)
+        call = Call("m", {"X": np.zeros(1, dtype=np.int64)}, "Y", rows=1)
+        with pytest.raises(ReplicaError, match="invalid input"):
+            await slot.call(call)
+        await slot.call(call)  # a new stream
+        registered = slot in channel.slots
+        channel.drop_idle_streams()
+        return registered, channel.client.streams
+
+    registered, streams = asyncio.run(scenario())
+    assert registered and len(streams) == 2 and all(s.cancelled for s in streams)
