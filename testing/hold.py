@@ -7,10 +7,10 @@ The launcher's watchdog does not probe while it is held (scripts/watchdog.py).
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from testing.reliability_helpers import metric_value
+from testing.waiting import wait_until
 
 
 class _GateFile:
@@ -56,17 +56,14 @@ class TokenizerHold(_GateFile):
         return super().__enter__()
 
     def wait_entered(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.entered.exists():
-            assert time.monotonic() < deadline, f"no request reached the tokenizer's hold in {timeout}s"
-            time.sleep(0.01)
+        wait_until(self.entered.exists, timeout, "a request to reach the tokenizer's hold")
 
 
 def wait_for_metric(metrics_url: str, prefix: str, at_least: float, timeout: float = 60, why: str = "") -> float:
     """Poll the server's metrics until the samples starting with `prefix` sum to `at_least`
     (the encoder publishes every 0.5 s); fails the test after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while (value := metric_value(metrics_url, prefix)) < at_least:
-        assert time.monotonic() < deadline, f"{prefix} stayed at {value} < {at_least} for {timeout}s {why}"
-        time.sleep(0.05)
-    return value
+    def reached():
+        value = metric_value(metrics_url, prefix)
+        return (value,) if value >= at_least else None
+
+    return wait_until(reached, timeout, lambda: f"{prefix} to reach {at_least} {why}", 0.05)[0]

@@ -12,7 +12,6 @@ import json
 import random
 import signal
 import socket
-import time
 import urllib.request
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from testing.gateway_process import GatewayProcess
+from testing.waiting import wait_until
 
 MODEL = "all-MiniLM-L6-v2"
 KEY = "hostile-sweep-key-0123456789"
@@ -305,18 +305,15 @@ def test_past_the_concurrency_bound_429_until_a_slot_frees(server, tmp_path):
     stalled = []
     try:
         stalled = [_stall(bounded.url, "body") for _ in range(4)]
-        deadline = time.monotonic() + 60
-        while metric(bounded.url, "gateway_active_requests") < 4:
-            assert time.monotonic() < deadline, "the stalled uploads never reached the app"
-            time.sleep(0.05)
+        wait_until(lambda: metric(bounded.url, "gateway_active_requests") >= 4, 60,
+                   "the stalled uploads to reach the app", 0.05)
         status, reply = send(bounded.url, Case("good", 200, body(input=["hello"])))
         assert status == 429 and json.loads(reply)["error"]["code"] == "rate_limit_exceeded"
         assert bounded.health() == 200  # /health is not bounded
         for sock in stalled:
             sock.close()
-        while metric(bounded.url, "gateway_active_requests") > 0:
-            assert time.monotonic() < deadline, "the slots of the clients that left never came back"
-            time.sleep(0.05)
+        wait_until(lambda: metric(bounded.url, "gateway_active_requests") == 0, 60,
+                   "the slots of the clients that left to come back", 0.05)
         assert len(embed(bounded.url, ["hello"])) == 1
     finally:
         for sock in stalled:
@@ -354,14 +351,11 @@ def test_sigterm_drains_requests_in_flight_and_refuses_new_connections(server, a
     try:
         with server.hold, concurrent.futures.ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(embed, draining.url, GOOD_TEXTS[:3])
-            deadline = time.monotonic() + 60
-            while metric(draining.url, "gateway_active_requests") < 1:
-                assert time.monotonic() < deadline, "the request never reached the gateway"
-                time.sleep(0.05)
+            wait_until(lambda: metric(draining.url, "gateway_active_requests") >= 1, 60,
+                       "the request to reach the gateway", 0.05)
             draining.process.terminate()
-            while draining.health() is not None:  # the listening socket closes first
-                assert time.monotonic() < deadline, "the gateway kept accepting connections after SIGTERM"
-                time.sleep(0.05)
+            wait_until(lambda: draining.health() is None, 60,  # the listening socket closes first
+                       "the gateway to stop accepting connections after SIGTERM", 0.05)
             assert not in_flight.done() and draining.process.poll() is None
             server.hold.release()
             rows = in_flight.result(timeout=120)

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 from engine_lib.runner.self_check import MIN_COSINE
 from testing.embed_clients import embed_stream
 from testing.gateway_process import GatewayProcess
+from testing.waiting import wait_until
 
 MODEL = "all-MiniLM-L6-v2"
 WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
@@ -79,10 +79,11 @@ def test_killing_a_replica_mid_job_loses_and_duplicates_nothing(gateway, replica
     job = threading.Thread(target=lambda: result.setdefault("rows", embed(gateway, texts)), daemon=True)
     with a.hold:  # A keeps its chunks (testing/hold.py): the job cannot end before B did some and died
         job.start()
-        deadline = time.monotonic() + 120
-        while replica_metrics(gateway, "gateway_replica_chunks_completed")[b.grpc_url] < before[b.grpc_url] + 3:
-            assert job.is_alive() and time.monotonic() < deadline, "B took no chunks before the job ended"
-            time.sleep(0.02)
+        def b_did_some():
+            assert job.is_alive(), "the job ended before B took chunks"
+            return replica_metrics(gateway, "gateway_replica_chunks_completed")[b.grpc_url] >= before[b.grpc_url] + 3
+
+        wait_until(b_did_some, 120, "B to take three chunks", 0.02)
         os.killpg(b.process.pid, signal.SIGKILL)
         b.process.wait()
     job.join(300)

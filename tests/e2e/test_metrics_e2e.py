@@ -1,8 +1,6 @@
 """The encoder's custom metrics on the real server's /metrics endpoint."""
 from __future__ import annotations
 
-import time
-
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -12,6 +10,7 @@ from engine_lib.tokenization.text import TextTokenizer
 from testing.embed_clients import embed_stream
 from testing.metrics import sample, scrape
 from testing.texts import MEDIUM_TEXTS
+from testing.waiting import wait_until
 
 FAMILIES = {"rose_queue_requests": "gauge", "rose_queue_tokens": "gauge", "rose_step_tokens": "histogram",
             "rose_step_sequences": "histogram", "rose_step_seconds": "histogram",
@@ -22,10 +21,7 @@ FAMILIES = {"rose_queue_requests": "gauge", "rose_queue_tokens": "gauge", "rose_
 
 
 def wait_for(server, predicate, timeout=10):
-    deadline = time.monotonic() + timeout
-    while not predicate(scrape(server)[1]):
-        assert time.monotonic() < deadline, "metrics never reached the expected values"
-        time.sleep(0.2)
+    wait_until(lambda: predicate(scrape(server)[1]), timeout, "the metrics to reach the expected values", 0.2)
 
 
 def test_every_encoder_metric_family_is_published(server):

@@ -5,8 +5,6 @@ checks for it between steps, so an ensemble request cancelled after reaching the
 is computed anyway (docs/operations.md)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tritonclient.grpc as grpcclient
 
@@ -17,6 +15,7 @@ from testing.embed_clients import embed_stream
 from testing.hold import wait_for_metric
 from testing.metrics import sample, scrape
 from testing.texts import LONG_TEXTS
+from testing.waiting import wait_until
 
 
 def counts(server, before):
@@ -28,10 +27,11 @@ def counts(server, before):
 
 
 def wait_for_cancelled(server, before, timeout=60):
-    deadline = time.monotonic() + timeout
-    while (found := counts(server, before))[0] < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return found
+    def cancelled():
+        found = counts(server, before)
+        return found if found[0] >= 1 else None
+
+    return wait_until(cancelled, timeout, "a request answered cancelled", 0.1)
 
 
 def send_on_stream(client, model, inputs):

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import signal
-import time
 import urllib.error
 import urllib.request
 
@@ -17,6 +16,7 @@ import pytest
 from rose_triton.server import REPO, TritonServer
 from testing.embed_clients import embed_stream
 from testing.reliability_helpers import children
+from testing.waiting import wait_until
 
 DEADLINE_S = 180
 
@@ -49,11 +49,7 @@ def start_time(pid):
 
 
 def wait_for(condition, what, server):
-    deadline = time.monotonic() + DEADLINE_S
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"{what} after {DEADLINE_S} s:\n{server.log_tail()}"
-        time.sleep(0.5)
-    return result
+    return wait_until(condition, DEADLINE_S, lambda: f"{what}:\n{server.log_tail()}", 0.5)
 
 
 def get(url):

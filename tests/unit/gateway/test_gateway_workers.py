@@ -4,7 +4,6 @@ import http.client
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from gateway.config import GatewayConfig, parse_args, usable_cpus
 from gateway.workers import per_worker
 from testing.gateway_process import GatewayProcess
+from testing.waiting import wait_until
 
 
 def workers_of(pid: int) -> list[int]:
@@ -21,11 +21,7 @@ def workers_of(pid: int) -> list[int]:
 
 
 def wait_for(condition, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return result
+    return wait_until(condition, timeout, what, interval=0.1)
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

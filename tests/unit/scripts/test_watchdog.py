@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,6 +17,7 @@ import pytest
 
 from rose_triton.parameters import pbtxt_parameters, read_model_config
 from rose_triton.server import REPO
+from testing.waiting import wait_until
 
 spec = importlib.util.spec_from_file_location("watchdog", REPO / "scripts" / "watchdog.py")
 watchdog = importlib.util.module_from_spec(spec)
@@ -191,10 +191,11 @@ def test_encoder_answers_sum_every_outcome_per_encoder(fake_triton):
 def tree_of_sleeps():
     """A 'server' (bash) with two children (sleep); -> (process, {child pid: start time})."""
     process = subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600 & wait"])
-    deadline = time.monotonic() + 10
-    while len(children := watchdog.descendants(process.pid)) < 2:
-        assert time.monotonic() < deadline, "the children never started"
-        time.sleep(0.01)
+    def started():
+        found = watchdog.descendants(process.pid)
+        return found if len(found) >= 2 else None
+
+    children = wait_until(started, 10, "the children to start")
     return process, children
 
 

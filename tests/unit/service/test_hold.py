@@ -4,19 +4,11 @@ a request is checked once: more checks prove the hold); closing ends the hold; o
 default and set through the one config path (ROSE_TEST_HOLD_FILE)."""
 from __future__ import annotations
 
-import time
-
 from engine_lib.config import EncoderConfig
 from engine_lib.errors import RequestCancelled
 from rose_triton.parameters import config_from_parameters
 from testing.fake_engine import FakeEngine, Replies, make_service, submit
-
-
-def wait_until(predicate, timeout=5):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
+from testing.waiting import wait_until
 
 
 class Checks:

@@ -4,7 +4,6 @@ interactive work ahead of queued batch work, per-class metrics, and rows unchang
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -22,15 +21,9 @@ from engine_lib.options import (
 from engine_lib.service.endpoint import Endpoint
 from rose_wire import EMBEDDINGS
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service
+from testing.waiting import wait_until
 
 RAW = RequestOptions(normalize=False)
-
-
-def wait_until(predicate, timeout=5):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 @pytest.mark.parametrize("options_type", [RequestOptions, RerankOptions])

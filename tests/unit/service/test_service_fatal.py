@@ -134,7 +134,7 @@ def test_gpu_device_side_assert_in_a_step_ends_the_process_with_the_exit_code(tm
     waited for) is sticky: the service answers the request with an error and the process ends
     with EXIT_CODE, which the launcher restarts on."""
     code = f"""
-import time, torch
+import threading, torch
 from transformers import BertConfig, BertModel
 from engine_lib.runner.model_runner import ModelRunner
 from testing.fake_engine import Replies, make_service, submit
@@ -152,7 +152,7 @@ replies = Replies()
 submit(make_service(runner), replies, "poisoned", [[1, 2, 3]])
 replies.wait_for(1)
 print("answered:", replies.results["poisoned"][1], flush=True)
-time.sleep(30)
+threading.Event().wait()  # the fatal path ends the process; subprocess.run's timeout bounds a hang
 print("still alive", flush=True)
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)

@@ -13,13 +13,7 @@ import pytest
 from engine_lib.errors import OverloadError, RequestCancelled
 from engine_lib.service.metrics import HOPS
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service, submit
-
-
-def wait_until(predicate, timeout=5):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
+from testing.waiting import wait_until
 
 
 def random_request(rng, max_seqs=6):
