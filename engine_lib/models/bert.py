@@ -5,14 +5,15 @@ import torch
 from torch import nn
 
 from engine_lib.models.fused import FusedLinear, LinearAct
+from engine_lib.models.loader import CheckpointEmbedding
 
 
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: dict, position_offset: int = 0):
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
-        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], cfg["hidden_size"])
-        self.token_type_embeddings = nn.Embedding(cfg.get("type_vocab_size", 2), cfg["hidden_size"])
+        self.word_embeddings = CheckpointEmbedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.position_embeddings = CheckpointEmbedding(cfg["max_position_embeddings"], cfg["hidden_size"])
+        self.token_type_embeddings = CheckpointEmbedding(cfg.get("type_vocab_size", 2), cfg["hidden_size"])
         self.LayerNorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg["layer_norm_eps"])
         self.position_offset = position_offset
 

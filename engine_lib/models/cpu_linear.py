@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from engine_lib.models.fused import ACTIVATIONS, FusedLinear, GatedLinear, LinearAct
+from engine_lib.models.loader import allocate
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def _probe_layers(dtype: torch.dtype) -> list[nn.Module]:
     with torch.device("meta"):
         layers = [nn.Linear(16, 8), FusedLinear(16, (8, 4, 4)), nn.Linear(16, 8, bias=False), GatedLinear(16, 8)]
         layers += [LinearAct(16, 8, activation) for activation in ACTIVATIONS]
-    return [layer.to_empty(device="cpu").to(dtype) for layer in layers]
+    return [allocate(layer).to(dtype) for layer in layers]
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_lib.models.fused import FusedLinear, GatedLinear
+from engine_lib.models.loader import CheckpointEmbedding
 
 
 def rope_theta(cfg: dict) -> float:
@@ -141,7 +142,7 @@ class Qwen3Model(nn.Module):
             raise ValueError("config.json: use_sliding_window=true is not supported for embedding")
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         self.max_positions = cfg["max_position_embeddings"]
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.embed_tokens = CheckpointEmbedding(cfg["vocab_size"], cfg["hidden_size"])
         self.rotary = Qwen3RotaryEmbedding(head_dim, self.max_positions, rope_theta(cfg))
         self.layers = nn.ModuleList(Qwen3Layer(cfg, backend) for _ in range(cfg["num_hidden_layers"]))
         self.norm = Qwen3RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])

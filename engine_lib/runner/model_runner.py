@@ -14,7 +14,7 @@ from engine_lib.model_folder import ModelFolder
 from engine_lib.models import model_class
 from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, pack_linears, use_onednn
 from engine_lib.models.heads import build_head
-from engine_lib.models.loader import load_weights
+from engine_lib.models.loader import allocate, load_weights
 from engine_lib.models.pooling import pool
 from engine_lib.runner import self_check as probes
 from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
@@ -120,7 +120,7 @@ class ModelRunner:
         with torch.device("meta"):
             model = self._cls(self._cfg, backend)
             head = build_head(self.task, self._folder)
-        model, head = model.to_empty(device="cpu"), head.to_empty(device="cpu")
+        model, head = allocate(model), allocate(head)
         load_weights(model, weight_files)
         head.load(weight_files)
         model = model.to(device=self.device, dtype=dtype).eval()

@@ -3,6 +3,8 @@ fused q/k/v and gate/up filled from separate keys."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine_lib.contract import PackedBatch
-from engine_lib.models.loader import load_weights, map_checkpoint_key
+from engine_lib.models.loader import CheckpointEmbedding, allocate, load_weights, map_checkpoint_key
 from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.runner.self_check import MIN_COSINE
 from testing.tiny_models import cosine_rows, hf_hidden_states, qwen3_config, random_sequences, save_random_model
@@ -32,6 +34,33 @@ def test_keys_are_unprefixed_renamed_or_ignored():
     assert map_checkpoint_key(model, "bert.dense.weight") == "dense.weight"
     assert map_checkpoint_key(model, "LayerNorm.gamma") == "LayerNorm.weight"
     assert map_checkpoint_key(model, "bert.pooler.dense.bias") is None
+
+
+def test_allocate_gives_meta_modules_storage_keeping_shared_tensors_shared():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(Tiny(), CheckpointEmbedding(5, 3))
+        model[1].register_buffer("table", torch.zeros(4, dtype=torch.float64))
+        model[0].tied = model[1]
+        model[0].tied_weight = model[1].weight
+    allocate(model)
+    tensors = [*model.parameters(), *model.buffers()]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    assert model[0].tied_weight is model[1].weight and isinstance(model[1].weight, torch.nn.Parameter)
+    assert model[1].table.dtype == torch.float64 and model[0].dense.weight.shape == (3, 2)
+
+
+def test_building_the_default_model_imports_neither_dynamo_nor_sympy():
+    """Start-up cost guard: nn.Embedding's init and Module.to_empty on the meta device go through
+    torch._refs, which import torch._dynamo and sympy (3.3 s of CPU per encoder start)."""
+    script = ("import sys\n"
+              "from engine_lib.config import EncoderConfig\n"
+              "from engine_lib.service.build import build_endpoint\n"
+              "from engine_lib.tokenization.calibration import calibration_sequences\n"
+              "build_endpoint(EncoderConfig(), calibration_sequences).close()\n"
+              "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 def checkpoint(tmp_path, tensors, name="model.safetensors"):
