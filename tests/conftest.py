@@ -18,8 +18,22 @@ MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_ser
 os.environ.setdefault("ROSE_GATEWAY_WORKERS", "1")
 
 
+# scripts/test.sh runs the server tests as two pytest runs at once: ROSE_TEST_SHARD=own_server
+# keeps the tests marked own_server (they start servers of their own), =shared the others.
+SHARDS = ("own_server", "shared")
+
+
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite)."""
+    """`@pytest.mark.gpu` tests skip where torch sees no CUDA device (the CPU suite);
+    ROSE_TEST_SHARD keeps one shard of the tests."""
+    shard = os.environ.get("ROSE_TEST_SHARD")
+    if shard:
+        if shard not in SHARDS:
+            raise pytest.UsageError(f"ROSE_TEST_SHARD={shard!r}: expected one of {SHARDS}")
+        keep = [item for item in items if (item.get_closest_marker("own_server") is not None) == (shard == "own_server")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+
     import torch
 
     if torch.cuda.is_available():
@@ -36,6 +50,17 @@ def session_servers():
     started: list[TritonServer] = []
     yield started
     stop_all(started)
+
+
+@pytest.fixture(scope="session")
+def retire_server(session_servers):
+    """For a module's own server: signal it to stop now, wait for it with the session's servers
+    at the end (Triton unloads a model's instances one after another, a second each)."""
+    def retire(instance: TritonServer) -> None:
+        instance.terminate()
+        session_servers.append(instance)
+
+    return retire
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +102,7 @@ def reference_model(model_dir):
 
 
 @pytest.fixture(scope="module")
-def replicas(request, tmp_path_factory):
+def replicas(request, tmp_path_factory, retire_server):
     """(A, B) for multi-replica tests: A is the session's server, B is this module's own
     (modules may kill it). B starts in the background while A comes up."""
     started = {}
@@ -89,7 +114,7 @@ def replicas(request, tmp_path_factory):
     if "b" not in started:
         pytest.fail(f"replica B did not start; log: {log}")
     yield a, started["b"]
-    started["b"].stop()
+    retire_server(started["b"])
 
 
 @pytest.fixture(scope="session")

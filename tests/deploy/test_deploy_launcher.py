@@ -23,6 +23,8 @@ from testing.embed_clients import embed_stream
 from testing.hold import EncoderHold, wait_for_metric
 from testing.waiting import wait_until
 
+pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
+
 TRITON_HOME = REPO / "build" / "pytriton" / "tritonserver"
 
 
@@ -40,7 +42,7 @@ def container_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def container_mode_server(tmp_path_factory):
+def container_mode_server(tmp_path_factory, retire_server):
     env = container_env()
     command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
     tritonserver_flags = command[command.index("--") + 1:]
@@ -54,7 +56,7 @@ def container_mode_server(tmp_path_factory):
                           extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
     server.hold = hold
     yield server
-    server.stop()
+    retire_server(server)
 
 
 def test_container_start_path_serves(container_mode_server, reference_model):

@@ -13,6 +13,8 @@ from perf import machine, report
 from perf.overhead import hops, procstat
 from perf.overhead.run import Settings, run
 
+pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
+
 
 def test_process_tree_cpu_counts_children(tmp_path):
     import subprocess

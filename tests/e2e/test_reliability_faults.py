@@ -32,6 +32,8 @@ from testing.hold import EncoderHold, TokenizerHold, wait_for_metric
 from testing.reliability_helpers import children, encode_ids, metric_value
 from testing.texts import LONG_TEXTS, MEDIUM_TEXTS
 
+pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
+
 ADMIN_KEY = "test-admin-key-0123456789"
 LIMITS = {  # (model, parameter or queue size) -> value
     ("rose_encoder", "max_queued_tokens"): ("1048576", "6000"),
@@ -60,7 +62,7 @@ def small_limits_repository(dest):
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory):
+def limited(tmp_path_factory, retire_server):
     folder = tmp_path_factory.mktemp("limited")
     hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
     instance = TritonServer(folder / "server.log", serve_args=["--model-repository",
@@ -70,7 +72,7 @@ def limited(tmp_path_factory):
                             gateway=True)
     instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     yield instance
-    instance.stop()
+    retire_server(instance)
 
 
 def test_admin_apis_answer_only_with_the_key(limited):

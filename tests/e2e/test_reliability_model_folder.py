@@ -13,6 +13,8 @@ from engine_lib.service.build import build_endpoint
 from engine_lib.tokenization.text import TextTokenizer
 from rose_triton.server import REPO, TritonServer
 
+pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
+
 
 def copy_model(model_dir, dest):
     """Symlink every entry of the model folder into `dest` (cheap; entries replaced per test)."""

@@ -18,15 +18,17 @@ from testing.embed_clients import embed_stream
 from testing.reliability_helpers import children
 from testing.waiting import wait_until
 
+pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
+
 DEADLINE_S = 180
 
 
 @pytest.fixture(scope="module")
-def supervised(tmp_path_factory):
+def supervised(tmp_path_factory, retire_server):
     instance = TritonServer(tmp_path_factory.mktemp("supervised") / "server.log", gateway=True,
                             env={"ROSE_WATCHDOG_INTERVAL": "1", "ROSE_WATCHDOG_TIMEOUT": "5"})
     yield instance
-    instance.stop()
+    retire_server(instance)
 
 
 def descendants(pid):

@@ -37,8 +37,8 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
         "the quick brown fox", "yes", "gravity is a force that attracts two bodies " * 2]
 
 
-@pytest.fixture(scope="module", params=["bert", "qwen3"])
-def served(request, tmp_path_factory):
+@pytest.fixture(scope="module", params=[pytest.param("bert", marks=pytest.mark.own_server), "qwen3"])
+def served(request, tmp_path_factory, retire_server):
     if request.param == "qwen3":
         server = request.getfixturevalue("multi_server")
         yield "qwen3", server.reranker_folder, server
@@ -49,7 +49,7 @@ def served(request, tmp_path_factory):
                           env={"ROSE_WATCHDOG_INTERVAL": "1"})  # its last test waits for the watchdog's restart
     server.rerank_models = DEFAULT_RERANKER
     yield request.param, folder, server
-    server.stop()
+    retire_server(server)
 
 
 def models(server):
