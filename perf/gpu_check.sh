@@ -48,7 +48,7 @@ log "results in $OUT_DIR"
 PROFILE=("$PYTHON" -m perf run --out "$OUT_DIR" --quiet-wait 0 --no-plots --profile)
 
 if [[ "$DRY_RUN" == 1 ]]; then
-  log "dry run on CPU: $("$PYTHON" -c 'import torch; print("torch", torch.__version__)')"
+  log "dry run on CPU: torch $("$PYTHON" -c 'from importlib.metadata import version; print(version("torch"))')"
   "${PROFILE[@]}" gpu-served --dry-run 2>&1 | tee -a "$OUT_DIR/summary.txt"
   served=${PIPESTATUS[0]}
   "${PROFILE[@]}" gpu-latency --dry-run 2>&1 | tee -a "$OUT_DIR/summary.txt"
