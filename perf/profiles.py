@@ -126,7 +126,7 @@ PROFILES = {
                    "streaming on the ensemble, plus batch-1 latency to read the gateway's own cost.",
         (Cell("latency", "lat-text-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=30),
          Cell("latency", "lat-tokens-128", "sequential", "tokens", 128, 1, num_requests=200, max_seconds=30),
-         *(Cell(S4, f"s4-c{c}", "load", "text", 128, 1, c, duration_s=10, served_only=True) for c in (1, 4, 16))),
+         *(Cell(S4, f"s4-c{c}", "load", "text", 128, 1, c, duration_s=10, served_only=True) for c in (1, 4, 16, 64))),
         ("rose", "gateway"),
         notes=("gateway, text in: HTTP JSON -> the gateway tokenizes -> rose_encoder over gRPC streaming; rose, "
                "text in: gRPC streaming on `ensemble` (tokenizer model + encoder). Token-id cells: the gateway gets "

@@ -19,6 +19,9 @@ for arg in "$@"; do
   fi
 done
 
+# The three runs and their servers oversubscribe the cores: OpenMP threads sleep when idle
+# instead of spinning (the default), which would burn the cores the other runs wait for.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 logs="$(mktemp -d -t rose-tests.XXXXXX)"
 trap 'rm -rf "$logs"' EXIT
 # One intra-op thread for the unit tests: the servers of the other runs need the cores.
