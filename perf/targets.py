@@ -32,6 +32,7 @@ class RoseStream:
     timeout: float = 600.0
     model: str = ""
     output: str = "EMBEDDINGS"
+    batch_dim: bool = False  # inputs shaped [1, N] (a model behind Triton's dynamic batcher)
 
     def connect(self):
         import tritonclient.grpc as grpcclient
@@ -41,7 +42,9 @@ class RoseStream:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
 
         def tensor(name, values, datatype="INT64"):
-            t = grpcclient.InferInput(name, [len(values)], datatype)
+            if self.batch_dim:
+                values = values.reshape(1, -1)
+            t = grpcclient.InferInput(name, list(values.shape), datatype)
             t.set_data_from_numpy(values)
             return t
 

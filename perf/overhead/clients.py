@@ -67,6 +67,8 @@ PATHS = {
     "unary_http": ("text, unary `embed`, HTTP infer", True, True),
     "floor_execute": ("floor: identity decoupled Python model answering in execute, gRPC stream", False, False),
     "floor_thread": ("floor: identity decoupled Python model answering from a thread, gRPC stream", False, False),
+    "floor_batched": ("floor: `floor_execute` behind Triton's dynamic batcher (inputs [1, N]), gRPC stream",
+                      False, False),
     "padded": ("text, usual Triton way (padded HF model, dynamic batcher), gRPC infer", True, True),
 }
 
@@ -81,7 +83,7 @@ def spec(path: str, grpc_url: str, http_url: str):
     if path in ("unary_grpc", "unary_http"):
         return UnaryEmbed(grpc_url if path == "unary_grpc" else http_url, path.split("_")[1])
     if path.startswith("floor_"):
-        return RoseStream(grpc_url, pre_tokenized=True, model=path)
+        return RoseStream(grpc_url, pre_tokenized=True, model=path, batch_dim=path == "floor_batched")
     if path == "padded":
         return TritonUnary(grpc_url, "hf_padded")
     raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")

@@ -27,7 +27,7 @@ from .folder import SHAPE, build_tiny_model
 REPO = servers.REPO
 BASELINES = REPO / "perf" / "baselines" / "model_repository"
 OURS = ("tokens", "ensemble", "generate", "unary_grpc", "unary_http")
-ONLY_CURRENT = ("floor_execute", "floor_thread", "padded")  # do not depend on our code
+ONLY_CURRENT = ("floor_execute", "floor_thread", "floor_batched", "padded")  # do not depend on our code
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Settings:
     load_seconds: float = 6.0
     load_rounds: int = 2            # windows per server and load cell, alternating order
     concurrencies: tuple = (1, 8)
-    load_paths: tuple = ("ensemble", "tokens", "padded")
+    load_paths: tuple = ("ensemble", "tokens", "padded", "floor_execute", "floor_batched")
     paths: tuple = OURS + ONLY_CURRENT
     metrics_lag_s: float = 0.6      # the encoder publishes its counters every 0.5 s
 
@@ -169,14 +169,16 @@ def load(settings: Settings, variants, requests) -> list[dict]:
             cell = {"path": path, "concurrency": concurrency, "results": {}}
             mine = [v for v in variants if v.name == "current" or path not in ONLY_CURRENT]
             windows: dict = {v.name: [] for v in mine}
+            triton: dict = {}  # variant -> summed Triton statistics of its windows
             for r in range(settings.load_rounds):
                 for variant in (mine if r % 2 == 0 else mine[::-1]):
                     spec = clients.spec(path, variant.server.grpc_url, variant.server.http_url)
                     busy = machine.cpu_busy(0.5)
-                    with Window(variant, with_stats=False) as w:
+                    with Window(variant) as w:
                         label = f"load {path} x{concurrency} {variant.name} ({r + 1}/{settings.load_rounds})"
                         stats = process_loop(spec, requests, concurrency, settings.load_seconds, label)
                     windows[variant.name].append((stats, w.cpu, busy))
+                    hops.add(triton.setdefault(variant.name, {}), w.stats)
             for name, items in windows.items():
                 seconds = sum(s["seconds"] for s, _, _ in items)
                 requests_done = sum(s["requests_per_s"] * s["seconds"] for s, _, _ in items)
@@ -191,7 +193,11 @@ def load(settings: Settings, variants, requests) -> list[dict]:
                     "server_cpu_ms_per_request": 1e3 * sum(cpu.values()) / served,
                     "server_cpu_ms_by_process": {k: 1e3 * v / served for k, v in sorted(cpu.items()) if v > 0},
                     "machine_busy_before": round(float(np.mean([b for _, _, b in items])), 3),
-                    "rounds": len(items)}
+                    "rounds": len(items),
+                    # > 1 where Triton handed a model several requests per execute (its dynamic batcher)
+                    "requests_per_execution": {m: v["requests"] / v["executions"]
+                                               for m, v in hops.triton_means(triton.get(name, {})).items()
+                                               if v["executions"]}}
             cells.append(cell)
     return cells
 
