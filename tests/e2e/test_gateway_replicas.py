@@ -18,8 +18,6 @@ from testing.embed_clients import embed_stream
 from testing.gateway_process import GatewayProcess
 from testing.waiting import wait_until
 
-pytestmark = pytest.mark.own_server  # its own replica B: scripts/test.sh runs it beside the shared-server tests
-
 MODEL = "all-MiniLM-L6-v2"
 WORDS = ("vector search index shard replica token batch kernel graph query document ranking "
          "latency throughput encoder pooling Ünïcödé 你好").split()
