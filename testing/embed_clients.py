@@ -30,20 +30,7 @@ def _text_array(texts) -> np.ndarray:
 def embed_stream(grpc_url: str, texts, parameters: dict | None = None, timeout: float = 120,
                  model: str = ENSEMBLE) -> np.ndarray:
     """gRPC streaming on the decoupled `ensemble` (or `model`)."""
-    client = grpcclient.InferenceServerClient(grpc_url)
-    results: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    try:
-        text = grpcclient.InferInput(TEXT, [len(texts)], "BYTES")
-        text.set_data_from_numpy(_text_array(texts))
-        client.async_stream_infer(model, [text], parameters=parameters)
-        result, error = results.get(timeout=timeout)
-    finally:
-        client.stop_stream()
-        client.close()
-    if error is not None:
-        raise error
-    return result.as_numpy(EMBEDDINGS)
+    return stream_outputs(grpc_url, {TEXT: _text_array(texts)}, (EMBEDDINGS,), parameters, model, timeout)[EMBEDDINGS]
 
 
 def embed_generate(http_url: str, texts, parameters: dict | None = None, timeout: float = 120,
