@@ -1,10 +1,14 @@
 """Start and stop a real tritonserver through scripts/serve.sh (the README's command)."""
 from __future__ import annotations
 
+import glob
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +23,10 @@ def free_port() -> int:
 
 
 class TritonServer:
-    """One tritonserver on loopback with free ports; `stop()` waits for exit."""
+    """One tritonserver on loopback with free ports; `stop()` waits for a graceful exit, `kill()`
+    ends it at once. Either way, what the process tree leaves behind goes with it: the Python
+    backend's shared-memory regions (their names carry this server's own prefix) and its TMPDIR
+    (the launcher's assembled model repository)."""
 
     def __init__(self, log_path: Path, env: dict | None = None, extra_args: list[str] | None = None,
                  ready_timeout: float = 240.0, serve_args: list[str] | None = None,
@@ -35,15 +42,17 @@ class TritonServer:
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.gateway_url = f"http://127.0.0.1:{free_port()}" if gateway else None
         self.log_path = log_path
+        self.shm_prefix = f"rose_server_{os.getpid()}_{secrets.token_hex(4)}_"
+        self.tmpdir = tempfile.mkdtemp(prefix="rose-server.")
         cmd = [str(Path(root) / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
                "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
                *(["--gateway-port", self.gateway_url.rsplit(":", 1)[1]] if gateway else ["--no-gateway"]),
                *(serve_args or [])]
-        if extra_args:
-            cmd += ["--", *extra_args]
+        cmd += ["--", f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}", *(extra_args or [])]
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})}, start_new_session=True, cwd=root)
+                                        env={**os.environ, "TMPDIR": self.tmpdir, **(env or {})},
+                                        start_new_session=True, cwd=root)
         self._wait_ready(ready_timeout)
 
     def is_ready(self) -> bool:
@@ -61,7 +70,9 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+                tail = self.log_tail()
+                self.kill()  # what the launcher's tree left behind
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{tail}")
             if self.is_ready():
                 return
             time.sleep(0.5)
@@ -83,15 +94,25 @@ class TritonServer:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._log.close()
+                return self.kill()
+        self._release()
         return self.process.returncode
 
+    def kill(self) -> int:
+        """SIGKILL to the launcher's process group (Triton, its stubs, the gateway, the watchdog):
+        no drain, no per-instance unload (Triton waits a second for each Python model instance)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._release()
+        return self.process.returncode
 
-def stop_all(servers: list[TritonServer]) -> None:
-    """Stop several servers at once: all are signalled before any is waited for."""
-    for server in servers:
-        server.terminate()
-    for server in servers:
-        server.stop()
+    def _release(self) -> None:
+        for region in glob.glob(f"/dev/shm/{self.shm_prefix}*"):
+            try:
+                os.unlink(region)
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        self._log.close()
+

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from rose_triton.server import TritonServer, stop_all
+from rose_triton.server import TritonServer
 from rose_wire import RERANKER, served_models
 
 MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_server's models served by name
@@ -46,21 +46,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def session_servers():
-    """The session's shared servers, stopped together at the end (each takes seconds to drain)."""
+    """The session's shared servers, killed at the end: a graceful stop would wait a second per
+    Python model instance (Triton unloads them one after another); the tests that need the
+    graceful stop (SIGTERM drains) do it on servers of their own."""
     started: list[TritonServer] = []
     yield started
-    stop_all(started)
-
-
-@pytest.fixture(scope="session")
-def retire_server(session_servers):
-    """For a module's own server: signal it to stop now, wait for it with the session's servers
-    at the end (Triton unloads a model's instances one after another, a second each)."""
-    def retire(instance: TritonServer) -> None:
-        instance.terminate()
-        session_servers.append(instance)
-
-    return retire
+    for instance in started:
+        instance.kill()
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +94,7 @@ def reference_model(model_dir):
 
 
 @pytest.fixture(scope="module")
-def replicas(request, tmp_path_factory, retire_server):
+def replicas(request, tmp_path_factory):
     """(A, B) for multi-replica tests: A is the session's server, B is this module's own
     (modules may kill it). B starts in the background while A comes up."""
     started = {}
@@ -114,7 +106,7 @@ def replicas(request, tmp_path_factory, retire_server):
     if "b" not in started:
         pytest.fail(f"replica B did not start; log: {log}")
     yield a, started["b"]
-    retire_server(started["b"])
+    started["b"].kill()
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def container_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def container_mode_server(tmp_path_factory, retire_server):
+def container_mode_server(tmp_path_factory):
     env = container_env()
     command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
     tritonserver_flags = command[command.index("--") + 1:]
@@ -56,7 +56,7 @@ def container_mode_server(tmp_path_factory, retire_server):
                           extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
     server.hold = hold
     yield server
-    retire_server(server)
+    server.kill()
 
 
 def test_container_start_path_serves(container_mode_server, reference_model):

@@ -62,7 +62,7 @@ def small_limits_repository(dest):
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory, retire_server):
+def limited(tmp_path_factory):
     folder = tmp_path_factory.mktemp("limited")
     hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
     instance = TritonServer(folder / "server.log", serve_args=["--model-repository",
@@ -72,7 +72,7 @@ def limited(tmp_path_factory, retire_server):
                             gateway=True)
     instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     yield instance
-    retire_server(instance)
+    instance.kill()
 
 
 def test_admin_apis_answer_only_with_the_key(limited):

@@ -4,6 +4,7 @@ of the old server is left (the stopped stub included); stopping serve.sh stops i
 Every wait polls a condition until a deadline."""
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -24,11 +25,11 @@ DEADLINE_S = 180
 
 
 @pytest.fixture(scope="module")
-def supervised(tmp_path_factory, retire_server):
+def supervised(tmp_path_factory):
     instance = TritonServer(tmp_path_factory.mktemp("supervised") / "server.log", gateway=True,
                             env={"ROSE_WATCHDOG_INTERVAL": "1", "ROSE_WATCHDOG_TIMEOUT": "5"})
     yield instance
-    retire_server(instance)
+    instance.kill()
 
 
 def descendants(pid):
@@ -128,7 +129,10 @@ def test_stopping_serve_sh_stops_the_gateway_and_its_loop(supervised):
     ours = [(pid, start_time(pid)) for pid, cmd in descendants(supervised.process.pid)
             if f"--gateway-port {port}" in cmd or ("-m gateway" in cmd and f"--port {port}" in cmd)]
     assert len(ours) == 2, ours  # the gateway and the loop (a subshell of serve.sh) that restarts it
+    # the Python backend's regions carry this server's prefix (the helper removes what a killed stub left)
+    assert glob.glob(f"/dev/shm/{supervised.shm_prefix}*")
     supervised.stop()
+    assert not glob.glob(f"/dev/shm/{supervised.shm_prefix}*") and not os.path.exists(supervised.tmpdir)
     # serve.sh waits for the gateway's loop before it exits; nothing is left to start a gateway again
     assert all(start_time(pid) != start for pid, start in ours), ours
     assert get_refused(supervised.gateway_url)

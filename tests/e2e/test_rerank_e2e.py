@@ -38,7 +38,7 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
 
 
 @pytest.fixture(scope="module", params=[pytest.param("bert", marks=pytest.mark.own_server), "qwen3"])
-def served(request, tmp_path_factory, retire_server):
+def served(request, tmp_path_factory):
     if request.param == "qwen3":
         server = request.getfixturevalue("multi_server")
         yield "qwen3", server.reranker_folder, server
@@ -49,7 +49,7 @@ def served(request, tmp_path_factory, retire_server):
                           env={"ROSE_WATCHDOG_INTERVAL": "1"})  # its last test waits for the watchdog's restart
     server.rerank_models = DEFAULT_RERANKER
     yield request.param, folder, server
-    retire_server(server)
+    server.kill()
 
 
 def models(server):
