@@ -58,12 +58,12 @@ def embed(gateway, texts):
     return np.array([d.embedding for d in response.data], dtype=np.float32)
 
 
-def test_thousand_texts_over_two_replicas_equal_ensemble_and_reference(gateway, replicas, reference_model):
+def test_thousand_texts_over_two_replicas_match_the_reference(gateway, replicas, reference_model):
+    """Every row against its own text's reference: no two of these texts' references are within
+    cosine 0.95 of each other, so a row lost, moved or doubled cannot pass."""
     texts = make_texts(1000, seed=1)
     rows = embed(gateway, texts)
-    expected = embed_stream(replicas[0].grpc_url, texts)
-    assert rows.shape == expected.shape == (1000, 384)
-    assert cosine(rows, expected).min() >= 0.9999
+    assert rows.shape == (1000, 384)
     reference = reference_model.encode(texts, normalize_embeddings=True, batch_size=128)
     assert cosine(rows, reference).min() >= MIN_COSINE
     completed = replica_metrics(gateway, "gateway_replica_chunks_completed")

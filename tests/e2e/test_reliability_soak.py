@@ -1,7 +1,7 @@
 """Bounded soak on the session server: mixed request sizes on all four paths,
 several requests in flight per gRPC stream. Every answer is checked row by
 row against its own texts' reference: zero lost, duplicated or misrouted.
-It ends after ROSE_SOAK_REQUESTS answers (default 48, whatever the machine's
+It ends after ROSE_SOAK_REQUESTS answers (default 24, whatever the machine's
 pace); ROSE_SOAK_SECONDS runs it for a time instead (the long form, e.g. 600)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from testing.embed_clients import embed_generate, embed_unary_grpc, embed_unary_
 from testing.reliability_helpers import children
 from testing.texts import LONG_TEXTS, MEDIUM_TEXTS, VARIED_TEXTS
 
-SOAK_REQUESTS = int(os.environ.get("ROSE_SOAK_REQUESTS", "48"))
+SOAK_REQUESTS = int(os.environ.get("ROSE_SOAK_REQUESTS", "24"))
 SOAK_SECONDS = float(os.environ.get("ROSE_SOAK_SECONDS", "0"))  # > 0: time-bound instead
 STREAM_DEPTH = 4  # requests in flight on one stream
 WORDS = ("index query ranking vector shard replica latency cache batch token graph kernel model "
