@@ -57,6 +57,10 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     building="$(mktemp -d "$CACHE/venvs/.building.XXXXXX")"
     new_venv "$building/venv"
     install_locks "$building/venv"
+    # Bytecode for every module, once: where PYTHONDONTWRITEBYTECODE is set (as on CI here) no
+    # process writes it, and each would compile what it imports (`import torch`: 7.0 s of CPU
+    # instead of 2.8; every model stub pays it). A file that does not compile is left as it is.
+    "$building/venv/bin/python" -m compileall -q -j 0 "$building/venv/lib" >/dev/null 2>&1 || true
     rm -rf "$template"
     mv "$building/venv" "$template" && rmdir "$building"
     # a virtualenv names its own folder in its scripts: they are rewritten for each copy
@@ -82,6 +86,14 @@ if [[ ! -f "$stamp" ]] || ! grep -qx "$want" "$stamp"; then
   install_locks "$VENV"
   echo "$want" >>"$stamp"
 fi
+
+# This checkout's own modules likewise (each model stub imports them); compileall skips what is
+# current. The globs leave out dot folders (.venv, perf/.peers: the peers' virtualenvs).
+sources=()
+for dir in "$ROOT"/*/ "$ROOT"/perf/*/; do
+  case "$dir" in "$ROOT/build/" | "$ROOT/perf/") ;; *) sources+=("$dir") ;; esac
+done
+"$VENV/bin/python" -m compileall -q -j 0 "${sources[@]}" "$ROOT"/perf/*.py >/dev/null 2>&1 || true
 
 # Layout mirrors site-packages so the binaries' RPATH ($ORIGIN/../../../nvidia_pytriton.libs) resolves.
 TRITON_HOME="$ROOT/build/pytriton/tritonserver"
