@@ -73,7 +73,7 @@ def test_thousand_texts_over_two_replicas_match_the_reference(gateway, replicas,
 def test_killing_a_replica_mid_job_loses_and_duplicates_nothing(gateway, replicas):
     """Runs last in this module: it kills replica B."""
     a, b = replicas
-    texts = make_texts(800, seed=2)
+    texts = make_texts(400, seed=2)
     before = replica_metrics(gateway, "gateway_replica_chunks_completed")
     result = {}
     job = threading.Thread(target=lambda: result.setdefault("rows", embed(gateway, texts)), daemon=True)

@@ -7,7 +7,7 @@ from perf.profiles import Cell, Profile
 from perf.runner import run_profile
 
 CELLS = (Cell("1", "seq", "sequential", "tokens", 32, 1, num_requests=6, max_seconds=20),
-         Cell("3", "load", "load", "text", "mixed", 4, 2, duration_s=2, metric="embeddings_per_s"))
+         Cell("3", "load", "load", "text", "mixed", 4, 2, duration_s=1, metric="embeddings_per_s"))
 
 
 class WrongNumbers:
