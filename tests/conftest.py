@@ -46,29 +46,25 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def server_starts(request, tmp_path_factory):
-    """The servers the selected tests need start ahead of need, one after another in the order
-    the tests use them (testing/server_starts.py): the session's default server and multi-model
-    launch, a replica B for each module using `replicas`, and the own server
-    (`start_own_server(tmp_path_factory)`) of each module with a selected test marked
-    own_server. All are killed at the end: a graceful stop would wait a second per Python model
-    instance (Triton unloads them one after another); the tests of the graceful stop (SIGTERM
-    drains) do it themselves."""
+    """Every server the selected tests need begins its start here, at once
+    (testing/server_starts.py): the session's default server and multi-model launch, a replica B
+    for each module using `replicas`, and the own server (`start_own_server(tmp_path_factory)`)
+    of each module with a selected test marked own_server. All are killed at the end: a graceful
+    stop would wait a second per Python model instance (Triton unloads them one after another);
+    the tests of the graceful stop (SIGTERM drains) do it themselves."""
     from testing.server_starts import ServerStarts
 
-    tmp_path_factory.getbasetemp()  # made here: threads calling mktemp first would each make one
-    planned: dict = {}
-    for item in request.session.items:
-        uses = set(item.fixturenames)
-        if uses & {"server", "replicas"}:
-            planned.setdefault("server", functools.partial(start_default_server, tmp_path_factory))
-        if "multi_server" in uses:
-            planned.setdefault("multi_server", functools.partial(start_multi_server, tmp_path_factory))
-        if "replicas" in uses:
-            planned.setdefault(f"replica_b:{item.module.__name__}",
-                               functools.partial(start_replica_b, tmp_path_factory))
-        if item.get_closest_marker("own_server") and hasattr(item.module, "start_own_server"):
-            planned.setdefault(item.module.__name__, functools.partial(item.module.start_own_server, tmp_path_factory))
-    starts = ServerStarts(list(planned.items()))
+    starts = ServerStarts()
+    items = request.session.items
+    if any({"server", "replicas"} & set(item.fixturenames) for item in items):
+        starts.begin("server", functools.partial(start_default_server, tmp_path_factory))
+    if any("multi_server" in item.fixturenames for item in items):
+        starts.begin("multi_server", functools.partial(start_multi_server, tmp_path_factory))
+    for module in dict.fromkeys(item.module for item in items if "replicas" in item.fixturenames):
+        starts.begin(f"replica_b:{module.__name__}", functools.partial(start_replica_b, tmp_path_factory))
+    for module in dict.fromkeys(item.module for item in items if item.get_closest_marker("own_server")):
+        if hasattr(module, "start_own_server"):
+            starts.begin(module.__name__, functools.partial(module.start_own_server, tmp_path_factory))
     yield starts
     starts.kill_all()
 
