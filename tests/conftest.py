@@ -1,10 +1,10 @@
 """Shared fixtures: one real tritonserver per session, the reference model."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
+import threading
 
 import pytest
 
@@ -44,32 +44,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def server_starts(request, tmp_path_factory):
-    """Every server the selected tests need begins its start here, at once
-    (testing/server_starts.py): the session's default server and multi-model launch, a replica B
-    for each module using `replicas`, and the own server (`start_own_server(tmp_path_factory)`)
-    of each module with a selected test marked own_server. All are killed at the end: a graceful
-    stop would wait a second per Python model instance (Triton unloads them one after another);
-    the tests of the graceful stop (SIGTERM drains) do it themselves."""
-    from testing.server_starts import ServerStarts
-
-    starts = ServerStarts()
-    items = request.session.items
-    if any({"server", "replicas"} & set(item.fixturenames) for item in items):
-        starts.begin("server", functools.partial(start_default_server, tmp_path_factory))
-    if any("multi_server" in item.fixturenames for item in items):
-        starts.begin("multi_server", functools.partial(start_multi_server, tmp_path_factory))
-    for module in dict.fromkeys(item.module for item in items if "replicas" in item.fixturenames):
-        starts.begin(f"replica_b:{module.__name__}", functools.partial(start_replica_b, tmp_path_factory))
-    for module in dict.fromkeys(item.module for item in items if item.get_closest_marker("own_server")):
-        if hasattr(module, "start_own_server"):
-            starts.begin(module.__name__, functools.partial(module.start_own_server, tmp_path_factory))
-    yield starts
-    starts.kill_all()
+@pytest.fixture(scope="session")
+def session_servers():
+    """The session's shared servers, killed at the end: a graceful stop would wait a second per
+    Python model instance (Triton unloads them one after another); the tests that need the
+    graceful stop (SIGTERM drains) do it on servers of their own."""
+    started: list[TritonServer] = []
+    yield started
+    for instance in started:
+        instance.kill()
 
 
-def start_default_server(tmp_path_factory) -> TritonServer:
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, session_servers):
+    """A real tritonserver on loopback serving model_repository/ (default model).
+
+    It has an admin key (perf_analyzer needs the statistics API); the security
+    tests check that requests without it are refused. The launcher's gateway
+    runs beside it (`server.gateway_url`), as with `make serve`. `server.hold`: the encoder's
+    test-only hold (testing/hold.py), released unless a test holds it; `server.tokenizer_hold`:
+    the tokenizer's."""
     from testing.hold import EncoderHold, TokenizerHold
 
     folder = tmp_path_factory.mktemp("triton")
@@ -79,19 +73,8 @@ def start_default_server(tmp_path_factory) -> TritonServer:
                             env={**hold.env, **tokenizer_hold.env, "ROSE_CACHE_DIR": str(folder / "cache")})
     instance.cache_dir = folder / "cache"
     instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
+    session_servers.append(instance)
     return instance
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory, server_starts):
-    """A real tritonserver on loopback serving model_repository/ (default model).
-
-    It has an admin key (perf_analyzer needs the statistics API); the security
-    tests check that requests without it are refused. The launcher's gateway
-    runs beside it (`server.gateway_url`), as with `make serve`. `server.hold`: the encoder's
-    test-only hold (testing/hold.py), released unless a test holds it; `server.tokenizer_hold`:
-    the tokenizer's."""
-    return server_starts.take("server", functools.partial(start_default_server, tmp_path_factory))
 
 
 @pytest.fixture(scope="session")
@@ -110,20 +93,30 @@ def reference_model(model_dir):
     return SentenceTransformer(model_dir, device="cpu")
 
 
-def start_replica_b(tmp_path_factory) -> TritonServer:
-    return TritonServer(tmp_path_factory.mktemp("replica_b") / "server.log")
-
-
 @pytest.fixture(scope="module")
-def replicas(request, tmp_path_factory, server, server_starts):
+def replicas(request, tmp_path_factory):
     """(A, B) for multi-replica tests: A is the session's server, B is this module's own
-    (modules may kill it)."""
-    b = server_starts.take(f"replica_b:{request.module.__name__}", functools.partial(start_replica_b, tmp_path_factory))
-    yield server, b
-    b.kill()
+    (modules may kill it). B starts in the background while A comes up."""
+    started = {}
+    log = tmp_path_factory.mktemp("replica_b") / "server.log"
+    thread = threading.Thread(target=lambda: started.setdefault("b", TritonServer(log)), daemon=True)
+    thread.start()
+    a = request.getfixturevalue("server")
+    thread.join()
+    if "b" not in started:
+        pytest.fail(f"replica B did not start; log: {log}")
+    yield a, started["b"]
+    started["b"].kill()
 
 
-def start_multi_server(tmp_path_factory) -> TritonServer:
+@pytest.fixture(scope="session")
+def multi_server(tmp_path_factory, session_servers):
+    """One launch serving three models by name: the default all-MiniLM-L6-v2 (BERT; Triton
+    models ensemble, embed, tokenizer, rose_encoder; gateway name all-MiniLM-L6-v2), a
+    random-weight Qwen3 embedder (testing/qwen3_embedder.py) as `qwen3-embedder` from a models
+    file with its own settings, and a random-weight Qwen3 yes/no reranker as `qwen3-reranker`
+    (--rerank-model). Tests only read from it, except the reranker's stub-kill test, which
+    waits for the restart."""
     from testing.qwen3_embedder import save_qwen3_embedder
     from testing.tiny_rerankers import save_reranker
 
@@ -142,15 +135,5 @@ def start_multi_server(tmp_path_factory) -> TritonServer:
     instance.embedder, instance.reranker_folder, instance.models_file = embedder, reranker, models_file
     instance.embedder_name, instance.reranker_name = MULTI_EMBEDDER, MULTI_RERANKER
     instance.rerank_models = served_models(MULTI_RERANKER, RERANKER)
+    session_servers.append(instance)
     return instance
-
-
-@pytest.fixture(scope="session")
-def multi_server(tmp_path_factory, server_starts):
-    """One launch serving three models by name: the default all-MiniLM-L6-v2 (BERT; Triton
-    models ensemble, embed, tokenizer, rose_encoder; gateway name all-MiniLM-L6-v2), a
-    random-weight Qwen3 embedder (testing/qwen3_embedder.py) as `qwen3-embedder` from a models
-    file with its own settings, and a random-weight Qwen3 yes/no reranker as `qwen3-reranker`
-    (--rerank-model). Tests only read from it, except the reranker's stub-kill test, which
-    waits for the restart."""
-    return server_starts.take("multi_server", functools.partial(start_multi_server, tmp_path_factory))

@@ -1,7 +1,6 @@
 """The container's start path, run here: scripts/serve.sh with ROSE_SKIP_SETUP=1
 (tritonserver found on PATH, as in the image), the image's environment, the
 ConfigMap's settings and the tritonserver flags of the image's CMD."""
-import functools
 import json
 import os
 import queue
@@ -42,8 +41,8 @@ def container_env() -> dict[str, str]:
             "ROSE_VENV": "/nonexistent"}  # were setup.sh to run, it would fail on this
 
 
-def start_own_server(tmp_path_factory):
-    """The image's start path: tests/conftest.py begins it with the session's servers."""
+@pytest.fixture(scope="module")
+def container_mode_server(tmp_path_factory):
     env = container_env()
     command = json.loads([args for kw, args in instructions() if kw == "CMD"][0])
     tritonserver_flags = command[command.index("--") + 1:]
@@ -56,12 +55,6 @@ def start_own_server(tmp_path_factory):
     server = TritonServer(folder / "server.log", env={**env, **hold.env},
                           extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
     server.hold = hold
-    return server
-
-
-@pytest.fixture(scope="module")
-def container_mode_server(tmp_path_factory, server_starts):
-    server = server_starts.take(__name__, functools.partial(start_own_server, tmp_path_factory))
     yield server
     server.kill()
 

@@ -5,7 +5,6 @@ Work that must still be in flight is kept there by the encoder's or the tokenize
 test-only hold (testing/hold.py), so the verdicts do not depend on the machine's speed."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import queue
@@ -62,8 +61,8 @@ def small_limits_repository(dest):
     return dest
 
 
-def start_own_server(tmp_path_factory):
-    """This module's server (small limits): tests/conftest.py begins its start with the session's."""
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
     folder = tmp_path_factory.mktemp("limited")
     hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
     instance = TritonServer(folder / "server.log", serve_args=["--model-repository",
@@ -72,12 +71,6 @@ def start_own_server(tmp_path_factory):
                                  **tokenizer_hold.env},
                             gateway=True)
     instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
-    return instance
-
-
-@pytest.fixture(scope="module")
-def limited(tmp_path_factory, server_starts):
-    instance = server_starts.take(__name__, functools.partial(start_own_server, tmp_path_factory))
     yield instance
     instance.kill()
 

@@ -4,7 +4,6 @@ of the old server is left (the stopped stub included); stopping serve.sh stops i
 Every wait polls a condition until a deadline."""
 from __future__ import annotations
 
-import functools
 import glob
 import importlib.util
 import json
@@ -25,15 +24,10 @@ pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it 
 DEADLINE_S = 180
 
 
-def start_own_server(tmp_path_factory):
-    """This module's server: tests/conftest.py begins its start with the session's."""
-    return TritonServer(tmp_path_factory.mktemp("supervised") / "server.log", gateway=True,
-                        env={"ROSE_WATCHDOG_INTERVAL": "1", "ROSE_WATCHDOG_TIMEOUT": "5"})
-
-
 @pytest.fixture(scope="module")
-def supervised(tmp_path_factory, server_starts):
-    instance = server_starts.take(__name__, functools.partial(start_own_server, tmp_path_factory))
+def supervised(tmp_path_factory):
+    instance = TritonServer(tmp_path_factory.mktemp("supervised") / "server.log", gateway=True,
+                            env={"ROSE_WATCHDOG_INTERVAL": "1", "ROSE_WATCHDOG_TIMEOUT": "5"})
     yield instance
     instance.kill()
 

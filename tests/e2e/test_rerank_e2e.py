@@ -11,7 +11,6 @@ concurrent mixed embed + rerank requests.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import queue
@@ -38,25 +37,18 @@ DOCS = ["paris is the capital and largest city of france", "berlin is the capita
         "the quick brown fox", "yes", "gravity is a force that attracts two bodies " * 2]
 
 
-def start_own_server(tmp_path_factory):
-    """The BERT cross-encoder's server (the tests marked own_server here): tests/conftest.py
-    begins its start with the session's."""
-    folder = tmp_path_factory.mktemp("reranker-bert")
-    save_reranker("bert", folder)
-    server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True,
-                          env={"ROSE_WATCHDOG_INTERVAL": "1"})  # its last test waits for the watchdog's restart
-    server.rerank_models, server.reranker_folder = DEFAULT_RERANKER, folder
-    return server
-
-
 @pytest.fixture(scope="module", params=[pytest.param("bert", marks=pytest.mark.own_server), "qwen3"])
-def served(request, tmp_path_factory, server_starts):
+def served(request, tmp_path_factory):
     if request.param == "qwen3":
         server = request.getfixturevalue("multi_server")
         yield "qwen3", server.reranker_folder, server
         return
-    server = server_starts.take(__name__, functools.partial(start_own_server, tmp_path_factory))
-    yield "bert", server.reranker_folder, server
+    folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
+    save_reranker(request.param, folder)
+    server = TritonServer(folder / "server.log", serve_args=["--rerank-model-dir", str(folder)], gateway=True,
+                          env={"ROSE_WATCHDOG_INTERVAL": "1"})  # its last test waits for the watchdog's restart
+    server.rerank_models = DEFAULT_RERANKER
+    yield request.param, folder, server
     server.kill()
 
 
