@@ -21,8 +21,8 @@ want="$(cat "${LOCKS[@]}" | sha256sum | cut -d' ' -f1)"
 install_locks() {  # install_locks VENV: the locks into that virtualenv, from $WHEELS
   local args=() lock
   for lock in "${LOCKS[@]}"; do args+=(-r "$lock"); done
-  # --no-compile: bytecode is written on first import instead, for the modules actually used
-  # (an install of these locks takes 88 s with it and 37 s without on 2 cores).
+  # --no-compile: pip compiles file by file (an install of these locks took 88 s with it and 37 s
+  # without on 2 cores); a template's bytecode is written in one parallel pass instead (below).
   local install=("$1/bin/python" -m pip install -q --no-compile --no-index --find-links "$WHEELS" "${args[@]}")
   if ! "${install[@]}" >/dev/null 2>&1; then  # pip resolves before it installs: nothing half-done
     log "fetching the locked wheels into $WHEELS"
@@ -54,6 +54,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   exec 9>"$CACHE/venvs/.lock" && flock 9  # one build of a template at a time
   if [[ ! -f "$template/.rose-complete" ]]; then
     log "installing pinned packages (${LOCKS[*]##*/}) into $template"
+    rm -rf "$CACHE/venvs"/.building.*  # what an interrupted build left (none runs: the lock is ours)
     building="$(mktemp -d "$CACHE/venvs/.building.XXXXXX")"
     new_venv "$building/venv"
     install_locks "$building/venv"
