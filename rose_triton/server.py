@@ -76,8 +76,9 @@ class TritonServer:
             if self.is_ready():
                 return
             time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log_tail()}")
+        tail = self.log_tail()
+        self.kill()  # never ready: nothing to drain
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{tail}")
 
     def log_tail(self, num_bytes: int = 6000) -> str:
         self._log.flush()

@@ -32,11 +32,6 @@ install_locks() {  # install_locks VENV: the locks into that virtualenv, from $W
   fi
 }
 
-new_venv() {  # new_venv DIR: a virtualenv with a current pip
-  "$PYTHON" -m venv "$1"
-  "$1/bin/python" -m pip install -q --upgrade pip 2> >(grep -v "^WARNING: Location" >&2)
-}
-
 if [[ ! -x "$VENV/bin/python" ]]; then
   shared="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABLE_SHARED") or 0)')"
   if [[ "$shared" != "1" ]]; then
@@ -56,7 +51,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     log "installing pinned packages (${LOCKS[*]##*/}) into $template"
     rm -rf "$CACHE/venvs"/.building.*  # what an interrupted build left (none runs: the lock is ours)
     building="$(mktemp -d "$CACHE/venvs/.building.XXXXXX")"
-    new_venv "$building/venv"
+    "$PYTHON" -m venv "$building/venv"
+    "$building/venv/bin/python" -m pip install -q --upgrade pip 2> >(grep -v "^WARNING: Location" >&2)
     install_locks "$building/venv"
     # Bytecode for every module, once: where PYTHONDONTWRITEBYTECODE is set (as on CI here) no
     # process writes it, and each would compile what it imports (`import torch`: 7.0 s of CPU
