@@ -148,8 +148,10 @@ fi
 # end both loops.
 STOPPING=0 TRITON_PID="" WATCHDOG_PID="" GATEWAY_PID=""
 # The gateway stops too (it answers what it holds, then closes its streams:
-# Triton waits for open streams before it exits).
-trap 'STOPPING=1; [[ -z "$GATEWAY_PID" ]] || kill -TERM "$GATEWAY_PID" 2>/dev/null || true
+# Triton waits for open streams before it exits). The watchdog stops first: stubs that end
+# while Triton unloads are no fault.
+trap 'STOPPING=1; [[ -z "$WATCHDOG_PID" ]] || kill "$WATCHDOG_PID" 2>/dev/null || true
+      [[ -z "$GATEWAY_PID" ]] || kill -TERM "$GATEWAY_PID" 2>/dev/null || true
       [[ -z "$TRITON_PID" ]] || kill -TERM "$TRITON_PID" 2>/dev/null || true' TERM INT
 finish() {
   [[ -z "$WATCHDOG_PID" ]] || kill "$WATCHDOG_PID" 2>/dev/null || true

@@ -10,15 +10,18 @@ served model at once (`ensemble`, `embed`; with a reranker also `rerank`,
 by name). It stops the server when an answer names an unhealthy stub, or when
 one model's probes get no answer within `--timeout` s `--max-timeouts` times in
 a row while its encoder answers nothing else either (a busy encoder is not a
-hung one: its `rose_requests_total` on `--metrics-url` moves). Stopping means
+hung one: its `rose_requests_total` on `--metrics-url` moves). Probes reach whichever
+instance Triton picks, so beside them it watches every model instance's stub process
+(recorded once the server is ready): one that exited, or is stopped (SIGSTOP) at two
+checks in a row, stops the server too, whichever instance it is. Stopping means
 SIGTERM, then after `--grace` s SIGKILL to the server and every process below
 it that is still there (model stubs included: a SIGSTOPped stub acts on nothing
 else), so no process of the old server is left; it then exits with RESTART,
 which tells serve.sh to start a fresh server. Answered errors (overload, bad
-input) and refused connections (not listening yet) are not faults. While a test
-holds the encoder or the tokenizer (ROSE_TEST_HOLD_FILE or ROSE_TEST_TOKENIZE_HOLD_FILE
-exists, docs/operations.md) it does not probe: a held probe would wait and add to the
-queue the test counts.
+input) and refused connections (not listening yet) are not faults. Test-only pause
+(ROSE_TEST_WATCHDOG_PAUSE_FILE, testing/hold.py): while that file exists it sends no probe
+(it still watches the stubs) and writes the file's token to `<file>.ack` between rounds,
+so a test knows none of its probes is still queued when it holds the server's work.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ ENCODER_OF = {"ensemble": "rose_encoder", "embed": "rose_encoder", "rerank": "re
               "score": "rerank_encoder"}
 RERANK_MODELS = ("rerank", "score")
 ENCODER_OF_DEFAULT = dict(ENCODER_OF)
+STUB = "triton_python_backend_stub"
 ANSWERS = re.compile(r'^rose_requests_total\{[^}]*model="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE)
 
 
@@ -152,6 +156,76 @@ def probe_round(pool: ThreadPoolExecutor, url: str, models: list[str], timeout: 
     return outcomes, busy_models(models, before, encoder_answers(metrics_url, timeout))
 
 
+class StubWatch:
+    """Every model instance's stub process, recorded once the server is ready (Triton starts and
+    ends stubs of its own while it loads models). `verdict` names an instance whose stub exited,
+    or was stopped at this check and the one before (a moment's stop by a debugger is no fault)."""
+
+    def __init__(self):
+        self.known: dict[int, tuple[int, str]] | None = None  # pid -> (start time, instance)
+        self.stopped: set[int] = set()
+
+    def record(self, stubs: dict[int, tuple[int, str, str]]) -> None:
+        self.known = {pid: (start, name) for pid, (start, _, name) in stubs.items()}
+
+    def verdict(self, stubs: dict[int, tuple[int, str, str]]) -> str:
+        """`stubs`: {pid: (start time, state letter, instance)} now -> '' or why to restart."""
+        if self.known is None:
+            return ""
+        stopped = set()
+        for pid, (start, name) in self.known.items():
+            now = stubs.get(pid)
+            if now is None or now[0] != start or now[1] == "Z":
+                return f"{name}: its stub process {pid} exited"
+            if now[1] == "T":
+                if pid in self.stopped:
+                    return f"{name}: its stub process {pid} is stopped"
+                stopped.add(pid)
+        self.stopped = stopped
+        return ""
+
+
+def stub_processes(server_pid: int) -> dict[int, tuple[int, str, str]]:
+    """{pid: (start time, state letter, instance name)} of the Python-backend stubs below the
+    server. The stub's command line is `<stub> <model.py> <shm region> ... <instance> <model dir>`."""
+    found = {}
+    for pid in descendants(server_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not words[0].endswith(STUB) or (stat := proc_stat(pid)) is None:
+            continue
+        name = words[-3] if len(words) >= 4 else words[1]
+        found[pid] = (stat[2], stat[1], name)
+    return found
+
+
+def server_ready(url: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def pause_token(pause_file: str) -> str | None:
+    """The test-only pause file's token, or None when there is no pause."""
+    try:
+        with open(pause_file, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def acknowledge(pause_file: str, token: str) -> None:
+    ack = f"{pause_file}.ack"
+    with open(f"{ack}.tmp", "w", encoding="utf-8") as f:
+        f.write(token)
+    os.replace(f"{ack}.tmp", ack)
+
+
 def proc_stat(pid: int) -> tuple[int, str, int] | None:
     """(parent pid, state letter, start time in clock ticks) from /proc, or None if gone."""
     try:
@@ -217,9 +291,10 @@ def stop(pid: int, grace: float) -> list[int]:
     return wait_gone(tree, 10.0)
 
 
-def sleep_while_alive(pid: int, seconds: float) -> bool:
+def sleep_while_alive(pid: int, seconds: float, wake=lambda: False) -> bool:
+    """Sleep `seconds` or until `wake()` -> whether `pid` still runs."""
     deadline = time.monotonic() + seconds
-    while running(pid) and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline and not wake():
         time.sleep(0.2)
     return running(pid)
 
@@ -248,13 +323,23 @@ def main(argv: list[str] | None = None) -> int:
         named = list(probes)
     models = served_models(args.probe_rerank, named)
     judge = Judge(models, args.max_timeouts)
-    hold_files = [f for f in map(os.environ.get, ("ROSE_TEST_HOLD_FILE", "ROSE_TEST_TOKENIZE_HOLD_FILE")) if f]
+    stubs = StubWatch()
+    pause_file = os.environ.get("ROSE_TEST_WATCHDOG_PAUSE_FILE", "")
+    acknowledged = None
+    new_pause = (lambda: pause_token(pause_file) not in (None, acknowledged)) if pause_file else (lambda: False)
     with ThreadPoolExecutor(len(models), thread_name_prefix="probe") as pool:
-        while sleep_while_alive(args.pid, args.interval):
-            if any(map(os.path.exists, hold_files)):
-                continue
-            outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
-            reason = judge.verdict(outcomes, busy)
+        while sleep_while_alive(args.pid, args.interval, new_pause):
+            if stubs.known is None and server_ready(args.url, args.timeout):
+                stubs.record(stub_processes(args.pid))
+            reason = stubs.verdict(stub_processes(args.pid))
+            if not reason:
+                if pause_file and (token := pause_token(pause_file)) is not None:
+                    if token != acknowledged:
+                        acknowledge(pause_file, token)
+                        acknowledged = token
+                    continue
+                outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
+                reason = judge.verdict(outcomes, busy)
             if reason and running(args.pid):
                 say(f"{reason}; stopping tritonserver {args.pid} and every process below it")
                 left = stop(args.pid, args.grace)

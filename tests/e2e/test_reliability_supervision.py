@@ -1,6 +1,7 @@
 """Supervision under scripts/serve.sh, on a server of its own: a killed gateway is started
-again; a SIGSTOPped encoder stub gets the server restarted by the watchdog, and no process
-of the old server is left (the stopped stub included); stopping serve.sh stops it all.
+again; a SIGSTOPped encoder stub, or a killed `embed` instance that is not the first, gets
+the server restarted by the watchdog, and no process of the old server is left (the stopped
+stub included); stopping serve.sh stops it all.
 Every wait polls a condition until a deadline."""
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import importlib.util
 import json
 import os
 import signal
+import threading
+import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from rose_triton.server import REPO, TritonServer
-from testing.embed_clients import embed_stream
+from testing.embed_clients import embed_stream, embed_unary_grpc, embed_unary_http
 from testing.reliability_helpers import children
 from testing.waiting import wait_until
 
@@ -122,6 +127,52 @@ def test_a_stopped_encoder_stub_gets_the_server_restarted_leaving_no_old_process
     assert status == 200 and len(body["data"]) == 1
     log = supervised.log_tail(200_000)
     assert "[watchdog]" in log and "[serve] a model stub died or hung" in log
+
+
+def stub_of(triton_pid, instance):
+    """The pid of model instance `instance`'s stub (its name is on the stub's command line)."""
+    (pid,) = [p for p, cmd in children(triton_pid) if "triton_python_backend_stub" in cmd and f" {instance} " in cmd]
+    return pid
+
+
+def test_a_killed_instance_that_is_not_the_first_is_healed(supervised, reference_model):
+    """Triton hands a request to any free `embed` instance, so probes alone may never meet the
+    dead one: the watchdog watches every stub process. Calls in flight around the kill end
+    (answer or error, no hang); after the restart 20 calls in a row succeed, with right rows."""
+    texts = ["healed after a kill", "a second text"]
+    reference = reference_model.encode(texts, normalize_embeddings=True)
+    (triton_pid, _), = [c for c in children(supervised.process.pid) if "bin/tritonserver" in c[1]]
+    stub_pid = stub_of(triton_pid, "embed_0_2")
+    stop_calling, ended = threading.Event(), []
+
+    def keep_calling():  # each call has a client deadline: one that never ended would fail below
+        while not stop_calling.is_set():
+            try:
+                embed_unary_http(supervised.http_url, texts)
+                ended.append("ok")
+            except Exception as exc:  # refused, reset, 500 from the dead stub: all end
+                ended.append(type(exc).__name__)
+                time.sleep(0.2)  # no busy loop against a server that is down
+
+    with ThreadPoolExecutor(4) as pool:
+        callers = [pool.submit(keep_calling) for _ in range(4)]
+        os.kill(stub_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def restarted():
+            servers = [pid for pid, cmd in children(supervised.process.pid) if "bin/tritonserver" in cmd]
+            return servers and triton_pid not in servers and supervised.is_ready()
+
+        wait_for(restarted, "the server was not restarted", supervised)
+        stop_calling.set()
+        for caller in callers:
+            caller.result(timeout=180)
+    for _ in range(20):
+        rows = embed_unary_grpc(supervised.grpc_url, texts)
+        np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
+    print(f"20 calls in a row succeeded {time.monotonic() - killed_at:.1f} s after the kill; "
+          f"{len(ended)} calls ended around it")
+    assert f"embed_0_2: its stub process {stub_pid} exited" in supervised.log_tail(200_000)
 
 
 def test_stopping_serve_sh_stops_the_gateway_and_its_loop(supervised):

@@ -1,6 +1,7 @@
 """scripts/watchdog.py: which probe outcomes restart the server (timeouts counted, every
-served model probed), the probe against real sockets, and a stop that leaves no process of
-the old server behind (a SIGSTOPped child included)."""
+served model probed), the probe against real sockets, the stub processes it watches (an
+exited or stopped one restarts, whichever instance), the test-only pause, and a stop that
+leaves no process of the old server behind (a SIGSTOPped child included)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -123,6 +125,7 @@ class FakeTriton(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.posts += 1
         status, body = {"ok": (200, '{"EMBEDDINGS": [[1.0]]}'),
                         "dead": (400, '{"error":"Stub process \'rose_encoder_0_0\' is not healthy."}'),
                         "overloaded": (400, '{"error":"overloaded: encoder queue is full"}')}[self.server.mode]
@@ -146,7 +149,7 @@ class FakeTriton(BaseHTTPRequestHandler):
 def fake_triton():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeTriton)
     server.daemon_threads = True
-    server.mode, server.metrics = "ok", ""
+    server.mode, server.metrics, server.posts = "ok", "", 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -230,3 +233,102 @@ def test_a_hung_server_is_stopped_and_restart_is_asked(silent_url):
         assert not any(watchdog.running(pid, start) for pid, start in children.items())
     finally:
         clean_up(process, children)
+
+
+STUBS = {101: (5, "S", "embed_0_0"), 102: (6, "S", "embed_0_1"), 103: (7, "R", "tokenizer_0_0")}
+
+
+def test_stubs_are_watched_once_recorded():
+    watch = watchdog.StubWatch()
+    assert watch.verdict({}) == ""  # not ready yet: Triton starts and ends stubs while it loads
+    watch.record(STUBS)
+    assert watch.verdict(STUBS) == ""
+    assert watch.verdict({**STUBS, 104: (9, "S", "embed_0_2")}) == ""  # one it does not know is none of its
+
+
+@pytest.mark.parametrize("now, reason", [
+    ({101: STUBS[101], 103: STUBS[103]}, "embed_0_1: its stub process 102 exited"),
+    ({**STUBS, 102: (8, "S", "embed_0_1")}, "embed_0_1: its stub process 102 exited"),  # its pid reused
+    ({**STUBS, 102: (6, "Z", "embed_0_1")}, "embed_0_1: its stub process 102 exited"),
+])
+def test_a_stub_that_exited_restarts_whichever_instance_it_was(now, reason):
+    watch = watchdog.StubWatch()
+    watch.record(STUBS)
+    assert watch.verdict(now) == reason
+
+
+def test_a_stub_stopped_at_two_checks_in_a_row_restarts():
+    watch = watchdog.StubWatch()
+    watch.record(STUBS)
+    stopped = {**STUBS, 103: (7, "T", "tokenizer_0_0")}
+    assert watch.verdict(stopped) == ""
+    assert watch.verdict(STUBS) == ""  # continued: the count starts again
+    assert watch.verdict(stopped) == ""
+    assert watch.verdict(stopped) == "tokenizer_0_0: its stub process 103 is stopped"
+
+
+def fake_server_with_stubs(tmp_path, instances):
+    """A 'server' (bash) whose children carry a Python-backend stub's command line, one per
+    instance name -> (process, {child pid: start time})."""
+    python = os.path.realpath(sys.executable)  # not a launcher script: one that re-executes loses the name
+    stubs = " ".join(f"(exec -a {tmp_path}/{watchdog.STUB} {python} -c 'import time; time.sleep(600)' "
+                     f"/m/embed/1/model.py region 1 2 3 libpython ipc {name} /m/embed) &" for name in instances)
+    process = subprocess.Popen(["bash", "-c", f"{stubs} wait"])
+    children = wait_until(lambda: (found := watchdog.stub_processes(process.pid)) and len(found) == len(instances)
+                          and found, 10, "the stubs to start")
+    return process, {pid: start for pid, (start, _, _) in children.items()}
+
+
+def test_stub_processes_are_found_with_their_instance_names(tmp_path):
+    process, children = fake_server_with_stubs(tmp_path, ["embed_0_0", "embed_0_1"])
+    try:
+        found = watchdog.stub_processes(process.pid)
+        assert sorted(name for _, state, name in found.values()) == ["embed_0_0", "embed_0_1"]
+    finally:
+        clean_up(process, children)
+
+
+def test_a_killed_stub_that_is_not_the_first_stops_the_server(tmp_path, fake_triton):
+    server, url = fake_triton  # every probe answers: only the stub's process tells
+    process, children = fake_server_with_stubs(tmp_path, ["embed_0_0", "embed_0_1", "embed_0_2"])
+    verdict = {}
+    thread = threading.Thread(target=lambda: verdict.setdefault("exit", watchdog.main(
+        ["--pid", str(process.pid), "--url", url, "--interval", "0.05", "--grace", "0.2"])))
+    try:
+        thread.start()
+        wait_until(lambda: server.posts >= 4, 30, "a round of probes (the stubs are recorded by then)")
+        (victim,) = [pid for pid, (_, _, name) in watchdog.stub_processes(process.pid).items() if name == "embed_0_2"]
+        os.kill(victim, signal.SIGKILL)
+        thread.join(30)
+        assert verdict == {"exit": watchdog.RESTART}
+        assert process.wait(10) is not None
+    finally:
+        clean_up(process, children)
+
+
+def test_paused_it_acknowledges_each_pause_and_sends_no_probe(tmp_path, fake_triton, monkeypatch):
+    server, url = fake_triton
+    pause = tmp_path / "watchdog.pause"
+    monkeypatch.setenv("ROSE_TEST_WATCHDOG_PAUSE_FILE", str(pause))
+    process, children = tree_of_sleeps()
+    thread = threading.Thread(target=watchdog.main, daemon=True,
+                              args=(["--pid", str(process.pid), "--url", url, "--interval", "0.05"],))
+    ack = tmp_path / "watchdog.pause.ack"
+    try:
+        thread.start()
+        wait_until(lambda: server.posts >= 2, 30, "a round of probes")
+        for token in ("first", "second"):
+            pause.write_text(token)
+            wait_until(lambda: ack.exists() and ack.read_text() == token, 30, f"the ack of {token}")
+            posts = server.posts
+            for _ in range(3):  # whole rounds of the loop pass without a probe
+                pause.write_text(token + "-again")
+                wait_until(lambda: ack.exists() and ack.read_text() == token + "-again", 30, "the ack")
+                pause.write_text(token)
+                wait_until(lambda: ack.read_text() == token, 30, "the ack")
+            assert server.posts == posts
+            pause.unlink()
+            wait_until(lambda: server.posts > posts, 30, "probes again after the pause")
+    finally:
+        clean_up(process, children)
+        thread.join(30)
