@@ -69,7 +69,7 @@ class Replies:
                 self.done.notify_all()
         return on_done
 
-    def wait_for(self, count, timeout=10):
+    def wait_for(self, count, timeout=60):
         with self.done:
             assert self.done.wait_for(lambda: len(self.results) >= count, timeout), \
                 f"only {len(self.results)} of {count} answered"

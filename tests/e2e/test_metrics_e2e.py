@@ -20,7 +20,7 @@ FAMILIES = {"rose_queue_requests": "gauge", "rose_queue_tokens": "gauge", "rose_
             "rose_promoted_sequences_total": "counter"}
 
 
-def wait_for(server, predicate, timeout=10):
+def wait_for(server, predicate, timeout=60):
     wait_until(lambda: predicate(scrape(server)[1]), timeout, "the metrics to reach the expected values", 0.2)
 
 

@@ -126,7 +126,7 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
     assert all("overloaded: encoder queue is full" in str(e) for e in refused), refused[0]
     for rows in accepted:
         np.testing.assert_allclose((rows * reference).sum(1), 1, atol=1e-3)
-    wait_for_metric(limited.metrics_url, "rose_refused_total", len(refused), timeout=5,
+    wait_for_metric(limited.metrics_url, "rose_refused_total", len(refused),
                     why="(rose_refused_total never counted the refusals)")
 
 

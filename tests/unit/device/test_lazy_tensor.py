@@ -57,7 +57,7 @@ class ManualEngine:
             return self.launched[-1]
 
 
-def wait_until(predicate, timeout: float = 5.0) -> bool:
+def wait_until(predicate, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
