@@ -1,20 +1,26 @@
 """What connections may hold before their request is complete. A connection is receiving from
 the first byte of a request to the last byte of its body; one idle between requests
 (keep-alive), or whose request is being answered, is not. Receiving connections are bounded
-in all (`--max-receiving-connections`, past it 503) and per client address
-(`--max-receiving-per-client`, past it 429); open connections in all by the process's file
-descriptor limit less a reserve, so a connection past it is refused with an answer (503)
-before accept() itself fails with EMFILE (where uvloop, through libuv, accepts and resets
-it, and asyncio stops accepting for a second). The protocol (gateway/http_limits.py)
-writes the refusal and closes the connection."""
+per client address (`--max-receiving-per-client`, past it 429) and in all
+(`--max-receiving-connections`, past it 503, but for a few places kept for health probes);
+open connections in all by the process's file descriptor limit less a reserve, so a
+connection past it is refused with an answer (503) before accept() itself fails with EMFILE
+(where uvloop, through libuv, accepts and resets it, and asyncio stops accepting for a
+second). The protocol (gateway/http_limits.py) writes the refusal and closes the connection."""
 from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
 
 from .config import GatewayConfig
+from .liveness import LIVENESS_PATH
 
 FD_RESERVE = 128  # descriptors kept for all but client connections: gRPC channels, logs, files
+# Past the whole receiving bound a request may take one of these places on probation: it is
+# answered only if it is a health probe, so that clients filling the bound fail neither the
+# orchestrator's readiness nor its liveness probe (which would restart the gateway).
+PROBE_PLACES = 8
+PROBE_PATHS = (b"/health", LIVENESS_PATH.encode())
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,8 @@ class ConnectionBounds:
         self.metrics = metrics
         self.open = 0
         self.receiving = 0
-        self.receiving_by_client: dict[str, int] = {}
+        self.probing = 0  # receiving on one of the PROBE_PLACES
+        self.receiving_by_client: dict[str, int] = {}  # probing included
 
     @classmethod
     def from_config(cls, config: GatewayConfig, metrics=None) -> ConnectionBounds:
@@ -68,9 +75,8 @@ class ConnectionBounds:
         self.open += 1
         self._gauge("open_connections", self.open)
         if self.max_open is not None and self.open > self.max_open:
-            return self._refused(Refusal(503, f"the gateway holds {self.open - 1} connections, as many as its "
-                                              "file descriptor limit allows: retry later", "server_busy",
-                                         "connections"))
+            return Refusal(503, f"the gateway holds {self.open - 1} connections, as many as its file descriptor "
+                                "limit allows: retry later", "server_busy", "connections")
         return None
 
     def closed(self) -> None:
@@ -81,30 +87,40 @@ class ConnectionBounds:
         """`client` starts sending a request. Past a bound (if `enforce`) -> the refusal, and it
         does not count; else it counts until `stop_receiving(client)`."""
         held = self.receiving_by_client.get(client, 0)
-        if enforce and self.receiving >= self.max_receiving:
-            return self._refused(Refusal(503, f"the gateway is receiving {self.receiving} requests; at most "
-                                              f"{self.max_receiving}: retry later", "server_busy", "receiving"))
         if enforce and held >= self.max_receiving_per_client:
-            return self._refused(Refusal(429, f"this address is sending {held} requests at once; at most "
-                                              f"{self.max_receiving_per_client}: retry later",
-                                         "rate_limit_exceeded", "client"))
+            return Refusal(429, f"this address is sending {held} requests at once; at most "
+                                f"{self.max_receiving_per_client}: retry later", "rate_limit_exceeded", "client")
+        if enforce and self.receiving >= self.max_receiving:
+            return Refusal(503, f"the gateway is receiving {self.receiving} requests; at most {self.max_receiving}: "
+                                "retry later", "server_busy", "receiving")
         self.receiving_by_client[client] = held + 1
         self.receiving += 1
         self._gauge("receiving_connections", self.receiving)
         return None
 
-    def stop_receiving(self, client: str) -> None:
+    def start_probing(self, client: str) -> bool:
+        """Take a probe place for `client` (refused for the whole bound only), if one is free;
+        it counts until `stop_receiving(client, probing=True)`."""
+        if self.probing >= PROBE_PLACES:
+            return False
+        self.probing += 1
+        self.receiving_by_client[client] = self.receiving_by_client.get(client, 0) + 1
+        return True
+
+    def stop_receiving(self, client: str, probing: bool = False) -> None:
         held = self.receiving_by_client.pop(client) - 1
         if held:
             self.receiving_by_client[client] = held
-        self.receiving -= 1
-        self._gauge("receiving_connections", self.receiving)
+        if probing:
+            self.probing -= 1
+        else:
+            self.receiving -= 1
+            self._gauge("receiving_connections", self.receiving)
+
+    def refused(self, refusal: Refusal) -> None:
+        if self.metrics is not None:
+            self.metrics.refused_connections.labels(refusal.reason).inc()
 
     def _gauge(self, name: str, value: int) -> None:
         if self.metrics is not None:
             getattr(self.metrics, name).set(value)
-
-    def _refused(self, refusal: Refusal) -> Refusal:
-        if self.metrics is not None:
-            self.metrics.refused_connections.labels(refusal.reason).inc()
-        return refusal

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .config import GatewayConfig
-from .connection_limits import ConnectionBounds, Refusal
+from .connection_limits import PROBE_PATHS, ConnectionBounds, Refusal
 from .errors import error_body
 
 log = logging.getLogger("gateway")
@@ -36,10 +37,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusal: Refusal | None = None  # set while parsing: uvicorn answers it through send_400_response
         self._receiving = False
+        self._probation: Refusal | None = None  # on a probe place: answered unless the request is a probe
         super().connection_made(transport)
         self._client_address = self.client[0] if self.client else ""
         refusal = self.bounds.opened()
         if refusal is not None:
+            self.bounds.refused(refusal)
             self._refuse(refusal.status, refusal.message, refusal.code)
         else:
             self._await_headers()
@@ -78,12 +81,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_while_parsing(self, refusal: Refusal) -> None:
         self._refusal = refusal
+        self.bounds.refused(refusal)
         raise Refused()  # httptools stops parsing: uvicorn answers through send_400_response
 
     def _stop_receiving(self) -> None:
         if self._receiving:
-            self._receiving = False
-            self.bounds.stop_receiving(self._client_address)
+            self.bounds.stop_receiving(self._client_address, probing=self._probation is not None)
+            self._receiving, self._probation = False, None
 
     # httptools' callbacks, while it parses a request
     def on_message_begin(self) -> None:
@@ -91,7 +95,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         answering = self.cycle is not None and not self.cycle.response_complete
         # a pipelined request is counted, not refused: its refusal would come before the answer in flight
         refusal = self.bounds.start_receiving(self._client_address, enforce=not answering)
-        if refusal is not None:
+        if refusal is not None and refusal.reason == "receiving" and self.bounds.start_probing(self._client_address):
+            self._probation = refusal
+        elif refusal is not None:
             self._refuse_while_parsing(refusal)
         self._receiving = True
         super().on_message_begin()
@@ -118,7 +124,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._stop_header_timer()
+        if self._probation is not None and not self._is_probe():
+            self._refuse_while_parsing(self._probation)
         super().on_headers_complete()
+
+    def _is_probe(self) -> bool:
+        return self.parser.get_method() == b"GET" and httptools.parse_url(self.url).path in PROBE_PATHS
 
     def on_message_complete(self) -> None:
         self._stop_receiving()

@@ -51,7 +51,7 @@ class GatewayMetrics:
                                            "headers or body (bound: --max-receiving-connections)", registry=r,
                                            multiprocess_mode=live)
         self.refused_connections = Counter("gateway_refused_connections", "Connections refused past a bound, by "
-                                           "reason: connections, receiving, client", ["reason"],
+                                           "reason: connections (open), receiving, client (per address), headers (size)", ["reason"],
                                            registry=r)
         self.body_bytes = Gauge("gateway_request_body_bytes", "Bytes of request bodies held, arriving or being "
                                 "answered (bound: --max-buffered-body-bytes)", registry=r, multiprocess_mode=live)

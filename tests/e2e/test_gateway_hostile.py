@@ -345,10 +345,11 @@ def refused_total(url: str, reason: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def probe(url: str, source: str) -> tuple[int, bytes]:
-    """GET /health from `source`: (status, the whole answer), on a connection the gateway closes."""
+def get_from(url: str, path: str, source: str) -> tuple[int, bytes]:
+    """GET `path` from `source`: (status, the whole answer), on a connection the gateway closes."""
     with socket.create_connection(host_port(url), timeout=60, source_address=(source, 0)) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n"
+                     % (path.encode(), KEY.encode()))
         reply = read_all(sock)
     return int(reply.split(b" ", 2)[1]), reply
 
@@ -364,7 +365,7 @@ def test_past_the_receiving_bounds_a_clean_refusal_and_idle_connections_do_not_c
     """--max-receiving-per-client 3, --max-receiving-connections 5, and eight kept-alive
     connections idle from 127.0.0.1 (they do not count): three stalled uploads from 127.0.0.1
     fill its share (a fourth gets 429), two from 127.0.0.2 fill the whole (a request from
-    127.0.0.3 gets 503); each refusal is OpenAI's error JSON, Retry-After and the connection
+    127.0.0.3 gets 503, a health probe still 200); each refusal is OpenAI's error JSON, Retry-After and the connection
     closed. Once the uploads leave, the idle connections get their rows."""
     (tmp_path / "keys").write_text(KEY)
     bounded = GatewayProcess(tmp_path / "gateway.log", [server.grpc_url],
@@ -383,10 +384,11 @@ def test_past_the_receiving_bounds_a_clean_refusal_and_idle_connections_do_not_c
         with _stall(bounded.url, "body") as refused:
             assert_clean_refusal(read_all(refused), 429, "rate_limit_exceeded")
         stalled += [_stall(bounded.url, "body", "127.0.0.2") for _ in range(2)]
-        _, reply = wait_until(lambda: (answer := probe(bounded.url, "127.0.0.3"))[0] == 503 and answer, 60,
-                              "the receiving bound to be full", 0.05)
+        _, reply = wait_until(lambda: (answer := get_from(bounded.url, "/v1/models", "127.0.0.3"))[0] == 503
+                              and answer, 60, "the receiving bound to be full", 0.05)
         assert_clean_refusal(reply, 503, "server_busy")
         assert b"at most 5" in reply
+        assert get_from(bounded.url, "/health", "127.0.0.3")[0] == 200  # on a place kept for probes
         for sock in stalled:
             sock.close()
         wait_until(lambda: metric(bounded.url, "gateway_receiving_connections", "127.0.0.9") == 0, 60,

@@ -1,7 +1,8 @@
 """The connection bounds (gateway/connection_limits.py) on the gateway's uvicorn protocol:
 a connection counts as receiving from a request's first byte to its body's last, past the
-bounds in all and per address it gets 503 / 429 in OpenAI's error JSON and is closed, and
-past the open-connection bound (from the file descriptor limit) 503 at once. Over real
+bounds in all and per address it gets 503 / 429 in OpenAI's error JSON and is closed (health
+probes pass on places of their own), and past the open-connection bound (from the file
+descriptor limit) 503 at once. Over real
 sockets: a gateway whose file descriptor limit is lowered refuses cleanly and serves on."""
 import asyncio
 import resource
@@ -13,7 +14,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from gateway.config import GatewayConfig, parse_args
-from gateway.connection_limits import ConnectionBounds, open_connection_bound
+from gateway.connection_limits import PROBE_PLACES, ConnectionBounds, open_connection_bound
 from gateway.http_limits import limited_protocol
 from testing.gateway_process import GatewayProcess
 from testing.waiting import wait_until
@@ -129,7 +130,7 @@ def test_past_an_address_bound_429_past_the_whole_bound_503_and_a_freed_place_is
         b1 = server.connect("10.0.0.2")
         b1.protocol.data_received(head)
         c1 = server.connect("10.0.0.3")
-        c1.protocol.data_received(head)
+        c1.protocol.data_received(head + b"gth: 5\r\n\r\n")  # refused once its headers show it is no probe
         await settle()
         counts = bounds.receiving, dict(bounds.receiving_by_client), bounds.open
         a1.close()
@@ -145,6 +146,35 @@ def test_past_an_address_bound_429_past_the_whole_bound_503_and_a_freed_place_is
     status, error, _ = refusal(c1)
     assert status == 503 and error["code"] == "server_busy" and "at most 3" in error["message"]
     assert not c2.closed and not c2.written and not idle.closed and receiving == 3
+
+
+def test_past_the_whole_bound_health_probes_still_pass_on_a_few_places_of_their_own():
+    async def scenario(server, bounds):
+        server.answer.set()
+        stalled = server.connect("10.0.0.1")
+        stalled.protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n123")
+        probes = []
+        for path in (b"/livez", b"/health"):
+            probes.append(server.connect("10.0.0.2"))
+            probes[-1].protocol.data_received(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        other = server.connect("10.0.0.2")
+        other.protocol.data_received(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        await settle()  # its place comes back once it is closed
+        slow = [server.connect(f"10.0.1.{i}") for i in range(PROBE_PLACES)]
+        for connection in slow:
+            connection.protocol.data_received(b"GET /liv")  # a probe's first bytes: on a probe place
+        late = server.connect("10.0.0.3")
+        late.protocol.data_received(b"G")
+        await settle()
+        return probes, other, slow, late, bounds.receiving, bounds.probing
+
+    probes, other, slow, late, receiving, probing = run(scenario, max_receiving=1)
+    assert all(bytes(p.written).startswith(b"HTTP/1.1 200 ") for p in probes)
+    status, error, _ = refusal(other)  # answered once its path showed it is no probe
+    assert status == 503 and error["code"] == "server_busy"
+    assert not any(c.closed for c in slow) and (receiving, probing) == (1, PROBE_PLACES)
+    status, error, _ = refusal(late)  # no probe place left: refused at its first byte
+    assert status == 503 and error["code"] == "server_busy"
 
 
 def test_past_the_open_connection_bound_503_at_once():
