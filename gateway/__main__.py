@@ -5,6 +5,7 @@ import uvicorn
 
 from .app import create_app
 from .config import parse_args
+from .connection_limits import raise_fd_limit
 from .http_limits import limited_protocol
 
 
@@ -18,7 +19,10 @@ def main() -> None:
         from .workers import Supervisor
 
         raise SystemExit(Supervisor(config).run())
-    uvicorn.run(create_app(config), host=config.host, port=config.port, loop="uvloop", http=limited_protocol(config),
+    raise_fd_limit()
+    app = create_app(config)
+    uvicorn.run(app, host=config.host, port=config.port, loop="uvloop",
+                http=limited_protocol(config, app.state.gateway.connections),
                 timeout_keep_alive=config.keep_alive_timeout_s, log_level="warning", access_log=False)
 
 

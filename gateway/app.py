@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -32,7 +32,9 @@ from rose_wire import (
 
 from . import cohere, compact, embeddings, liveness, rerank
 from .backend import Backend
+from .bodies import BodyReader
 from .config import DEFAULT_MODEL_NAME, GatewayConfig
+from .connection_limits import ConnectionBounds
 from .errors import ApiError, bad_request, too_large
 from .metrics import GatewayMetrics
 from .routing import EmbedderRoute, RerankerRoute, Routes, read_routes
@@ -76,6 +78,8 @@ class Gateway:
         self.tokenize_queues: dict[int, TokenizeQueue] = {}  # per route tokenizer (id): /v1/embeddings' texts
         self.pending_tokens = 0
         self.active_requests = 0  # /v1/embeddings and /v1/rerank requests being answered
+        self.bodies = BodyReader(config, self.metrics)
+        self.connections = ConnectionBounds.from_config(config, self.metrics)
         self.started = time.time()
 
     def authorize(self, request: Request) -> None:
@@ -89,27 +93,9 @@ class Gateway:
                            "invalid_api_key")
 
     async def read_json(self, request: Request) -> dict:
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        request.state.close_connection = True  # until the whole body is in: what is left of it is not read
-        if declared.isascii() and declared.isdigit() and int(declared) > limit:
-            raise too_large(f"request body is {declared} bytes; at most {limit}")
-        body = bytearray()
+        """The JSON object of the body `_limited` read."""
         try:
-            async with asyncio.timeout(self.config.body_timeout_s):
-                async for part in request.stream():
-                    body += part
-                    if len(body) > limit:
-                        raise too_large(f"request body is over {limit} bytes")
-        except TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {self.config.body_timeout_s:g}s "
-                                f"({len(body)} bytes came)", None, "request_timeout") from None
-        except ClientDisconnect:
-            raise ApiError(499, "the client closed the connection while sending the body", None,
-                           "client_closed_request") from None
-        request.state.close_connection = False
-        try:
-            parsed = orjson.loads(body)
+            parsed = orjson.loads(request.state.body)
         except orjson.JSONDecodeError as exc:
             raise bad_request(f"request body is not valid JSON: {exc}") from None
         if not isinstance(parsed, dict):
@@ -264,9 +250,8 @@ async def _unless_client_leaves(request: Request, job):
 
 def _endpoint(gateway: Gateway, name: str, handler, limited: bool = False):
     """`handler` under the end-to-end deadline (--request-timeout: 504 past it; its queued
-    chunks are dropped as when the client leaves), with metrics. `limited`: counts against
-    --max-concurrent-requests (past it 429, before the body is read; uvicorn skips the body,
-    under the protocol's header deadline)."""
+    chunks are dropped as when the client leaves), with metrics. `limited`: its body is read
+    first (`_limited`), then it counts against --max-concurrent-requests."""
     limit_s = gateway.config.request_timeout_s
 
     async def run(request: Request) -> Response:
@@ -298,17 +283,24 @@ def _endpoint(gateway: Gateway, name: str, handler, limited: bool = False):
 
 
 async def _limited(gateway: Gateway, request: Request, handler) -> Response:
-    if gateway.active_requests >= gateway.config.max_concurrent_requests:
-        raise ApiError(429, f"the gateway is answering {gateway.active_requests} requests; at most "
-                            f"{gateway.config.max_concurrent_requests}: retry later", None, "rate_limit_exceeded",
-                       retry_after=1)
-    gateway.active_requests += 1
-    gateway.metrics.active_requests.inc()
+    """Authorize, read the body, then take a slot of --max-concurrent-requests (past it 429):
+    a client still sending holds a connection (gateway/connection_limits.py), never a slot."""
+    gateway.authorize(request)
     try:
-        return await handler(request)
+        request.state.body = await gateway.bodies.read(request)
+        if gateway.active_requests >= gateway.config.max_concurrent_requests:
+            raise ApiError(429, f"the gateway is answering {gateway.active_requests} requests; at most "
+                                f"{gateway.config.max_concurrent_requests}: retry later", None,
+                           "rate_limit_exceeded", retry_after=1)
+        gateway.active_requests += 1
+        gateway.metrics.active_requests.inc()
+        try:
+            return await handler(request)
+        finally:
+            gateway.active_requests -= 1
+            gateway.metrics.active_requests.dec()
     finally:
-        gateway.active_requests -= 1
-        gateway.metrics.active_requests.dec()
+        gateway.bodies.release(request)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -34,7 +34,10 @@ class GatewayConfig:
     max_rerank_chunk_documents: int = 64
     max_pending_tokens: int = 1 << 20   # tokens accepted and not yet answered; past it 429
     max_body_bytes: int = 8 << 20
-    max_concurrent_requests: int = 128  # /v1/embeddings and /v1/rerank being answered; past it 429
+    max_concurrent_requests: int = 128  # /v1/embeddings and /v1/rerank being answered, body in; past it 429
+    max_receiving_connections: int = 1024  # connections receiving a request's headers or body; past it 503
+    max_receiving_per_client: int = 64     # the same from one client address; past it 429
+    max_buffered_body_bytes: int = 1 << 30  # request bodies held, arriving or being answered; past it 503
     max_header_bytes: int = 32 << 10   # request line + headers; past it 431
     header_timeout_s: float = 10.0     # to receive a request's headers (from connect or the last answer)
     body_timeout_s: float = 30.0       # to receive a request's body (from its headers); past it 408
@@ -50,12 +53,16 @@ class GatewayConfig:
             raise ValueError("give at least one --triton address")
         for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
                      "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes", "max_concurrent_requests",
+                     "max_receiving_connections", "max_receiving_per_client", "max_buffered_body_bytes",
                      "max_header_bytes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be >= max_body_bytes "
+                             f"({self.max_body_bytes}): a body of the largest size could never be taken")
         if not self.api_keys and not self.allow_unauthenticated and not is_loopback(self.host):
             raise ValueError(f"--host {self.host} is reachable from other machines and no API key is set: set "
                              "ROSE_GATEWAY_API_KEYS or --api-key-file, or pass --allow-unauthenticated "
@@ -106,6 +113,21 @@ def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:
     return frozenset(k.strip() for k in keys if k.strip())
 
 
+BOUND_HELP = {
+    "max_concurrent_requests": "/v1/embeddings, /v2/embed and /v1/rerank requests being answered, counted once "
+                               "their body is in; past it 429",
+    "max_receiving_connections": "connections receiving a request (from its first byte to the end of its body; "
+                                 "idle keep-alive connections do not count); past it 503 and the connection closed",
+    "max_receiving_per_client": "the same from one client address (behind a proxy every client has the proxy's: "
+                                "raise it to --max-receiving-connections there); past it 429 and the connection "
+                                "closed",
+    "max_buffered_body_bytes": "bytes of request bodies held, arriving or being answered; past it 503 and the "
+                               "connection closed",
+    "max_body_bytes": "a request body; past it 413",
+    "max_header_bytes": "request line and headers; past it 431",
+}
+
+
 def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     p = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.splitlines()[0])
     p.add_argument("--triton", action="append", metavar="HOST:PORT",
@@ -134,9 +156,11 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
                    help="serve without API keys on an address other machines reach (refused otherwise; also "
                         "ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1)")
     for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
-                 "max_rerank_chunk_documents",
-                 "max_pending_tokens", "max_body_bytes", "max_concurrent_requests", "max_header_bytes"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(GatewayConfig, name))
+                 "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes", "max_concurrent_requests",
+                 "max_receiving_connections", "max_receiving_per_client", "max_buffered_body_bytes",
+                 "max_header_bytes"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(GatewayConfig, name),
+                       help=BOUND_HELP.get(name, "") + " (default %(default)s)")
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
         p.add_argument("--" + name.removesuffix("_s").replace("_", "-"), type=float, default=getattr(GatewayConfig, name),
                        help="seconds")
@@ -156,7 +180,9 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         max_chunk_tokens=args.max_chunk_tokens,
         max_chunk_texts=args.max_chunk_texts, max_rerank_chunk_documents=args.max_rerank_chunk_documents,
         max_pending_tokens=args.max_pending_tokens, max_body_bytes=args.max_body_bytes,
-        max_concurrent_requests=args.max_concurrent_requests, max_header_bytes=args.max_header_bytes,
+        max_concurrent_requests=args.max_concurrent_requests, max_receiving_connections=args.max_receiving_connections,
+        max_receiving_per_client=args.max_receiving_per_client, max_buffered_body_bytes=args.max_buffered_body_bytes,
+        max_header_bytes=args.max_header_bytes,
         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         keep_alive_timeout_s=args.keep_alive_timeout, allow_unauthenticated=args.allow_unauthenticated,
         request_timeout_s=args.request_timeout,

@@ -45,6 +45,16 @@ class GatewayMetrics:
         self.active_requests = Gauge("gateway_active_requests", "/v1/embeddings and /v1/rerank requests being "
                                      "answered (bound: --max-concurrent-requests)", registry=r,
                                      multiprocess_mode=live)
+        self.open_connections = Gauge("gateway_open_connections", "Client connections open (bound: the file "
+                                      "descriptor limit less a reserve)", registry=r, multiprocess_mode=live)
+        self.receiving_connections = Gauge("gateway_receiving_connections", "Connections receiving a request's "
+                                           "headers or body (bound: --max-receiving-connections)", registry=r,
+                                           multiprocess_mode=live)
+        self.refused_connections = Counter("gateway_refused_connections", "Connections refused past a bound, by "
+                                           "reason: connections (open), receiving, client (per address), headers (size)", ["reason"],
+                                           registry=r)
+        self.body_bytes = Gauge("gateway_request_body_bytes", "Bytes of request bodies held, arriving or being "
+                                "answered (bound: --max-buffered-body-bytes)", registry=r, multiprocess_mode=live)
         for endpoint in ("embeddings", "rerank"):
             self.latency.labels(endpoint)
             self.inputs.labels(endpoint)

@@ -31,10 +31,13 @@ METRICS_REFRESH_S = 1.0
 
 
 def per_worker(config: GatewayConfig, workers: int) -> GatewayConfig:
-    """Each worker admits its share: the concurrency, pending-token and in-flight bounds divided
-    by `workers` (rounded up), so the gateway as a whole keeps about the configured bounds."""
+    """Each worker admits its share: the concurrency, pending-token, in-flight, receiving and
+    body-memory bounds divided by `workers` (rounded up), so the gateway as a whole keeps about
+    the configured bounds (the kernel spreads one address's connections over the workers too)."""
     share = {name: math.ceil(getattr(config, name) / workers)
-             for name in ("max_concurrent_requests", "max_pending_tokens", "max_inflight_per_replica")}
+             for name in ("max_concurrent_requests", "max_pending_tokens", "max_inflight_per_replica",
+                          "max_receiving_connections", "max_receiving_per_client", "max_buffered_body_bytes")}
+    share["max_buffered_body_bytes"] = max(share["max_buffered_body_bytes"], config.max_body_bytes)
     return dataclasses.replace(config, workers=1, **share)
 
 
@@ -85,13 +88,16 @@ def run_worker(config: GatewayConfig, index: int, started) -> None:
     import uvicorn
 
     from .app import create_app
+    from .connection_limits import raise_fd_limit
     from .http_limits import limited_protocol
 
+    raise_fd_limit()
     sock = listen(config.host, config.port)
     app = create_app(config)
     _with_metrics_refresh(app, started)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, loop="uvloop",
-                                           http=limited_protocol(config), timeout_keep_alive=config.keep_alive_timeout_s,
+                                           http=limited_protocol(config, app.state.gateway.connections),
+                                           timeout_keep_alive=config.keep_alive_timeout_s,
                                            log_level="warning", access_log=False))
     server.run(sockets=[sock])
     sys.exit(0 if server.started else 3)

@@ -15,7 +15,8 @@ from rose_triton.server import REPO, free_port
 
 class GatewayProcess:
     def __init__(self, log_path: Path, triton_urls: list[str], args: list[str] | None = None,
-                 env: dict | None = None, wait_ready: bool = True, timeout: float = 60.0):
+                 env: dict | None = None, wait_ready: bool = True, timeout: float = 60.0, preexec_fn=None):
+        """`preexec_fn`: run in the child before the gateway starts (e.g. to lower its limits)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "gateway", "--port", str(self.port), *(args or [])]
@@ -24,7 +25,8 @@ class GatewayProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                                        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                                        preexec_fn=preexec_fn)
         self._wait(timeout, wait_ready)
 
     def health(self) -> int | None:

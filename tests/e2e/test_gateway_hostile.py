@@ -2,14 +2,16 @@
 real sockets: numbers at and past the 64-bit edges, floats and strings where integers
 belong, deep JSON nesting, lone surrogates, NUL bytes, huge fields, garbage bodies and
 broken HTTP each get a 4xx, while good requests sent at the same time keep their rows
-(equal to the same texts sent alone); stalled connections are cut off (408); past the
-concurrency bound 429; then the gateway serves as before."""
+(equal to the same texts sent alone); stalled connections are cut off (408); stalled
+uploads hold no request slot; past the concurrency bound 429, past the receiving bounds
+429 / 503 with the connection closed; then the gateway serves as before."""
 from __future__ import annotations
 
 import concurrent.futures
 import http.client
 import json
 import random
+import re
 import signal
 import socket
 import urllib.request
@@ -257,8 +259,8 @@ def test_every_hostile_request_gets_a_4xx_and_good_ones_keep_their_rows(gateway,
     assert gateway.health() == 200 and gateway.process.poll() is None
 
 
-def _stall(url: str, kind: str) -> socket.socket:
-    sock = socket.create_connection(host_port(url), timeout=60)
+def _stall(url: str, kind: str, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.create_connection(host_port(url), timeout=60, source_address=(source, 0))
     if kind == "headers":
         sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Ty")
     elif kind == "body":
@@ -287,37 +289,123 @@ def test_stalled_connections_are_cut_off_and_good_requests_go_on(gateway, alone)
     assert len(embed(gateway.url, GOOD_TEXTS[:3])) == 3
 
 
-def metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
+def metrics_text(url: str, source: str = "127.0.0.1") -> str:
+    connection = http.client.HTTPConnection(*host_port(url), timeout=10, source_address=(source, 0))
+    try:
+        connection.request("GET", "/metrics")
+        return connection.getresponse().read().decode()
+    finally:
+        connection.close()
+
+
+def metric(url: str, name: str, source: str = "127.0.0.1") -> float:
+    for line in metrics_text(url, source).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
 
 
-def test_past_the_concurrency_bound_429_until_a_slot_frees(server, tmp_path):
-    """Four uploads that stall hold the four slots (a long body deadline keeps them): the
-    next request gets 429 with Retry-After; once those clients leave, it is served."""
+def test_stalled_uploads_hold_no_slot_and_held_requests_fill_the_slots(server, alone, tmp_path):
+    """Twelve uploads that stall, against --max-concurrent-requests 4: they hold connections,
+    not slots, and good requests sent meanwhile get their rows. Four requests held in the
+    encoder do fill the slots: the next one gets 429, and is served once they are answered."""
     (tmp_path / "keys").write_text(KEY)
     bounded = GatewayProcess(tmp_path / "gateway.log", [server.grpc_url],
                              ["--api-key-file", str(tmp_path / "keys"), "--max-concurrent-requests", "4",
                               "--body-timeout", "600"])
     stalled = []
     try:
-        stalled = [_stall(bounded.url, "body") for _ in range(4)]
-        wait_until(lambda: metric(bounded.url, "gateway_active_requests") >= 4, 60,
-                   "the stalled uploads to reach the app", 0.05)
-        status, reply = send(bounded.url, Case("good", 200, body(input=["hello"])))
-        assert status == 429 and json.loads(reply)["error"]["code"] == "rate_limit_exceeded"
-        assert bounded.health() == 200  # /health is not bounded
-        for sock in stalled:
-            sock.close()
-        wait_until(lambda: metric(bounded.url, "gateway_active_requests") == 0, 60,
-                   "the slots of the clients that left to come back", 0.05)
+        stalled = [_stall(bounded.url, "body") for _ in range(12)]
+        wait_until(lambda: metric(bounded.url, "gateway_receiving_connections") == 12, 60,
+                   "the stalled uploads to be receiving", 0.05)
+        batches = good_batches(3, 8)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            good = [pool.submit(embed, bounded.url, texts) for texts in batches]
+            assert_rows(batches, good, alone)
+        assert metric(bounded.url, "gateway_receiving_connections") == 12
+        assert metric(bounded.url, "gateway_active_requests") == 0
+        with server.hold, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            held = [pool.submit(embed, bounded.url, [text]) for text in GOOD_TEXTS[:4]]
+            wait_until(lambda: metric(bounded.url, "gateway_active_requests") == 4, 60,
+                       "the held requests to take the slots", 0.05)
+            status, reply = send(bounded.url, Case("good", 200, body(input=["hello"])))
+            assert status == 429 and json.loads(reply)["error"]["code"] == "rate_limit_exceeded"
+            assert bounded.health() == 200  # /health is not bounded
+            server.hold.release()
+            assert_rows([[text] for text in GOOD_TEXTS[:4]], held, alone)
         assert len(embed(bounded.url, ["hello"])) == 1
     finally:
         for sock in stalled:
             sock.close()
+        bounded.stop()
+
+
+def refused_total(url: str, reason: str) -> float:
+    found = re.search(rf'^gateway_refused_connections_total{{reason="{reason}"}} (\S+)$', metrics_text(url), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def get_from(url: str, path: str, source: str) -> tuple[int, bytes]:
+    """GET `path` from `source`: (status, the whole answer), on a connection the gateway closes."""
+    with socket.create_connection(host_port(url), timeout=60, source_address=(source, 0)) as sock:
+        sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n"
+                     % (path.encode(), KEY.encode()))
+        reply = read_all(sock)
+    return int(reply.split(b" ", 2)[1]), reply
+
+
+def assert_clean_refusal(reply: bytes, status: int, code: str) -> None:
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), reply[:200]
+    assert b"connection: close" in head.lower() and b"retry-after: 1" in head.lower()
+    assert json.loads(payload)["error"]["code"] == code
+
+
+def test_past_the_receiving_bounds_a_clean_refusal_and_idle_connections_do_not_count(server, alone, tmp_path):
+    """--max-receiving-per-client 3, --max-receiving-connections 5, and eight kept-alive
+    connections idle from 127.0.0.1 (they do not count): three stalled uploads from 127.0.0.1
+    fill its share (a fourth gets 429), two from 127.0.0.2 fill the whole (a request from
+    127.0.0.3 gets 503, a health probe still 200); each refusal is OpenAI's error JSON, Retry-After and the connection
+    closed. Once the uploads leave, the idle connections get their rows."""
+    (tmp_path / "keys").write_text(KEY)
+    bounded = GatewayProcess(tmp_path / "gateway.log", [server.grpc_url],
+                             ["--api-key-file", str(tmp_path / "keys"), "--max-receiving-per-client", "3",
+                              "--max-receiving-connections", "5", "--body-timeout", "600", "--header-timeout", "600",
+                              "--keep-alive-timeout", "600"])
+    idle = [http.client.HTTPConnection(*host_port(bounded.url), timeout=60) for _ in range(8)]
+    stalled = []
+    try:
+        for connection in idle:
+            connection.request("GET", "/health")
+            assert connection.getresponse().read() and connection.sock is not None
+        stalled = [_stall(bounded.url, "body") for _ in range(3)]
+        wait_until(lambda: metric(bounded.url, "gateway_receiving_connections", "127.0.0.9") == 3,
+                   60, "the stalled uploads to be receiving", 0.05)
+        with _stall(bounded.url, "body") as refused:
+            assert_clean_refusal(read_all(refused), 429, "rate_limit_exceeded")
+        stalled += [_stall(bounded.url, "body", "127.0.0.2") for _ in range(2)]
+        _, reply = wait_until(lambda: (answer := get_from(bounded.url, "/v1/models", "127.0.0.3"))[0] == 503
+                              and answer, 60, "the receiving bound to be full", 0.05)
+        assert_clean_refusal(reply, 503, "server_busy")
+        assert b"at most 5" in reply
+        assert get_from(bounded.url, "/health", "127.0.0.3")[0] == 200  # on a place kept for probes
+        for sock in stalled:
+            sock.close()
+        wait_until(lambda: metric(bounded.url, "gateway_receiving_connections", "127.0.0.9") == 0, 60,
+                   "the uploads that left to stop counting", 0.05)
+        assert refused_total(bounded.url, "client") == 1 and refused_total(bounded.url, "receiving") >= 1
+        for i, connection in enumerate(idle):
+            texts = GOOD_TEXTS[i:i + 3]
+            connection.request("POST", EMBED, json.dumps({"model": MODEL, "input": texts}), AUTH)
+            response = connection.getresponse()
+            assert response.status == 200
+            rows = [d["embedding"] for d in json.loads(response.read())["data"]]
+            np.testing.assert_allclose(rows, [alone[t] for t in texts], atol=1e-4)
+    finally:
+        for sock in stalled:
+            sock.close()
+        for connection in idle:
+            connection.close()
         bounded.stop()
 
 

@@ -1,5 +1,6 @@
 """The gateway's HTTP limits and security defaults, in process: the concurrency bound
-(429), admission by tokens (413 past the whole bound, 429 past what is left), the body
+(429; a request still sending its body holds no slot), the bytes of bodies held (503),
+admission by tokens (413 past the whole bound, 429 past what is left), the body
 deadline (408), the header deadline and size (uvicorn protocol: 408 / 431), API keys
 as bytes, errors that show no replica or internal text, and the loopback-or-keys rule.
 Over a real socket, with hostile clients: tests/e2e/test_gateway_hostile.py."""
@@ -178,6 +179,52 @@ def test_a_stalled_body_is_408_and_closes_the_connection():
     response = run(scenario, body_timeout_s=0.05)
     assert response.status_code == 408 and response.json()["error"]["code"] == "request_timeout"
     assert response.headers["connection"] == "close"
+
+
+def stalled_upload(client, first: bytes, rest: bytes, go_on: asyncio.Event):
+    """A POST /v1/embeddings whose body stops after `first` until `go_on` is set."""
+    async def body():
+        yield first
+        await go_on.wait()
+        yield rest
+
+    return asyncio.ensure_future(client.post("/v1/embeddings", content=body(),
+                                             headers={"content-type": "application/json"}))
+
+
+def test_a_request_still_sending_its_body_holds_no_slot():
+    async def scenario(client, app, replica):
+        go_on = asyncio.Event()
+        text = orjson.dumps({"model": MODEL, "input": ["stalled"]})
+        stalled = stalled_upload(client, text[:20], text[20:], go_on)
+        while app.state.gateway.bodies.held < 20:  # the upload is in, reading its body
+            await asyncio.sleep(0)
+        good = await embed(client, ["good"])
+        active_meanwhile = app.state.gateway.active_requests
+        go_on.set()
+        return good, active_meanwhile, await stalled
+
+    good, active_meanwhile, stalled = run(scenario, max_concurrent_requests=1)
+    assert good.status_code == 200 and active_meanwhile == 0 and stalled.status_code == 200
+
+
+def test_past_the_bytes_of_bodies_held_503_and_they_come_back():
+    async def scenario(client, app, replica):
+        go_on = asyncio.Event()
+        text = orjson.dumps({"model": MODEL, "input": ["x" * 880]})
+        stalled = stalled_upload(client, text[:-10], text[-10:], go_on)
+        bodies = app.state.gateway.bodies
+        while bodies.held < len(text) - 10:
+            await asyncio.sleep(0)
+        refused = await embed(client, ["y" * 600])
+        go_on.set()
+        done = await stalled
+        return refused, done, bodies.held, await embed(client, ["y" * 600])
+
+    refused, done, held_after, later = run(scenario, max_body_bytes=1000, max_buffered_body_bytes=1500)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.headers["connection"] == "close" and refused.json()["error"]["code"] == "server_busy"
+    assert done.status_code == 200 and held_after == 0 and later.status_code == 200
 
 
 def test_non_ascii_authorization_is_401_and_keys_compare_as_utf8_bytes():

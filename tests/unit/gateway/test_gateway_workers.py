@@ -43,9 +43,11 @@ def models_answered(port: int) -> float:
 
 def test_bounds_are_divided_among_the_workers():
     config = per_worker(GatewayConfig(max_concurrent_requests=5, max_pending_tokens=1000, max_inflight_per_replica=4,
-                                      workers=2), 2)
+                                      max_receiving_connections=9, max_receiving_per_client=3,
+                                      max_body_bytes=1000, max_buffered_body_bytes=1500, workers=2), 2)
     assert (config.max_concurrent_requests, config.max_pending_tokens, config.max_inflight_per_replica,
-            config.workers) == (3, 500, 2, 1)
+            config.max_receiving_connections, config.max_receiving_per_client, config.workers) == (3, 500, 2, 5, 2, 1)
+    assert config.max_buffered_body_bytes == 1000  # 750 would refuse a body of the largest size
 
 
 def test_the_number_of_workers(monkeypatch, tmp_path):
