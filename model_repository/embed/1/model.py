@@ -60,7 +60,7 @@ class TritonPythonModel:
         bls = pb_utils.InferenceRequest(
             model_name=encoder, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
             requested_output_names=wanted, parameters=parameters)
-        responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s)
+        responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s, request.is_cancelled)
         for response in responses:
             if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
                 return pb_utils.InferenceResponse(error=relayed_error(pb_utils, response.error()))
