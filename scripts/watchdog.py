@@ -7,10 +7,13 @@ while Triton still answers its health pings is no better. serve.sh runs this
 next to the server; every `--interval` s it sends one tiny real request to each
 served model at once (`ensemble`, `embed`; with a reranker also `rerank`,
 `score`; with `--models-file`, the ensemble and unary front of every model served
-by name). It stops the server when an answer names an unhealthy stub, or when
-one model's probes get no answer within `--timeout` s `--max-timeouts` times in
-a row while its encoder answers nothing else either (a busy encoder is not a
-hung one: its `rose_requests_total` on `--metrics-url` moves). Stopping means
+by name). It stops the server when an answer names an unhealthy stub, when a
+model stub process of the server ends while the server says it is ready (a
+probe sees a dead instance only if it lands on it: under load the model's other
+instances take nearly every request), or when one model's probes get no answer
+within `--timeout` s `--max-timeouts` times in a row while its encoder answers
+nothing else either (a busy encoder is not a hung one: its `rose_requests_total`
+on `--metrics-url` moves). Stopping means
 SIGTERM, then after `--grace` s SIGKILL to the server and every process below
 it that is still there (model stubs included: a SIGSTOPped stub acts on nothing
 else), so no process of the old server is left; it then exits with RESTART,
@@ -152,6 +155,45 @@ def probe_round(pool: ThreadPoolExecutor, url: str, models: list[str], timeout: 
     return outcomes, busy_models(models, before, encoder_answers(metrics_url, timeout))
 
 
+class StubWatch:
+    """The server's model stub processes, read once it is ready (stubs that only check a model's
+    config come and go while it loads). `verdict` names the stubs that ended since, if the server
+    still says it is ready: a stopping server is not ready, and its stubs end as they should."""
+
+    def __init__(self):
+        self.stubs: dict[int, tuple[int, str]] = {}  # pid -> (start time, model instance)
+
+    def verdict(self, server_pid: int, ready) -> str:
+        gone = [f"{name} (pid {pid})" for pid, (start, name) in self.stubs.items() if not running(pid, start)]
+        if gone:
+            return f"model process {', '.join(gone)} ended while the server was ready" if ready() else ""
+        if not self.stubs and ready():
+            self.stubs = stub_processes(server_pid)
+        return ""
+
+
+def stub_processes(pid: int) -> dict[int, tuple[int, str]]:
+    """{pid: (start time, model instance)} of the Python backend stubs below `pid`."""
+    found = {}
+    for child, start in descendants(pid).items():
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and args[0].endswith("triton_python_backend_stub"):
+            found[child] = (start, args[-3] if len(args) >= 3 else "?")  # ... NAME KIND, then a trailing ""
+    return found
+
+
+def server_ready(url: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def proc_stat(pid: int) -> tuple[int, str, int] | None:
     """(parent pid, state letter, start time in clock ticks) from /proc, or None if gone."""
     try:
@@ -247,14 +289,16 @@ def main(argv: list[str] | None = None) -> int:
         ENCODER_OF.update(encoders)
         named = list(probes)
     models = served_models(args.probe_rerank, named)
-    judge = Judge(models, args.max_timeouts)
+    judge, stubs = Judge(models, args.max_timeouts), StubWatch()
     hold_files = [f for f in map(os.environ.get, ("ROSE_TEST_HOLD_FILE", "ROSE_TEST_TOKENIZE_HOLD_FILE")) if f]
     with ThreadPoolExecutor(len(models), thread_name_prefix="probe") as pool:
         while sleep_while_alive(args.pid, args.interval):
             if any(map(os.path.exists, hold_files)):
                 continue
-            outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
-            reason = judge.verdict(outcomes, busy)
+            reason = stubs.verdict(args.pid, lambda: server_ready(args.url, args.timeout))
+            if not reason:
+                outcomes, busy = probe_round(pool, args.url, models, args.timeout, args.metrics_url)
+                reason = judge.verdict(outcomes, busy)
             if reason and running(args.pid):
                 say(f"{reason}; stopping tritonserver {args.pid} and every process below it")
                 left = stop(args.pid, args.grace)

@@ -311,5 +311,5 @@ def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(li
     status, _, body = gateway_embed(limited.gateway_url, ["back again"] * 3)
     assert status == 200 and len(body["data"]) == 3, body
     log = limited.log_tail(200_000)
-    assert "Stub process 'rose_encoder_0_0' is not healthy" in log
+    assert f"model process rose_encoder_0_0 (pid {stub_pid}) ended while the server was ready" in log  # the watchdog
     assert "[serve] a model stub died" in log

@@ -47,7 +47,8 @@ def test_a_graceful_stop_leaves_no_stub_segfault(tmp_path):
     after = kernel_log()
     crashed = segfaults(new_lines(before, after or []), stubs)
     assert not crashed, f"stubs {stubs} segfaulted at the stop:\n" + "\n".join(crashed)
-    assert FATAL not in server.log_path.read_text(errors="replace")
+    log = server.log_path.read_text(errors="replace")
+    assert FATAL not in log and "[watchdog]" not in log  # stubs ending in a stop are no fault
 
 
 def test_a_stub_killed_by_a_fatal_signal_logs_its_python_traceback(tmp_path):

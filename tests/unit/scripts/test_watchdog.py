@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -225,6 +226,51 @@ def test_a_hung_server_is_stopped_and_restart_is_asked(silent_url):
     try:
         verdict = watchdog.main(["--pid", str(process.pid), "--url", silent_url, "--interval", "0.05",
                                  "--timeout", "0.2", "--max-timeouts", "2", "--grace", "0.2"])
+        assert verdict == watchdog.RESTART
+        assert process.wait(10) is not None
+        assert not any(watchdog.running(pid, start) for pid, start in children.items())
+    finally:
+        clean_up(process, children)
+
+
+def server_with_stubs(names=("embed_0_0", "embed_0_1")):
+    """A 'server' (bash) whose children look like model stubs (argv[0] and the instance name in
+    place); -> (process, {child pid: start time})."""
+    stub = (f"(exec -a /backends/python/triton_python_backend_stub {sys.executable} -c 'import time; time.sleep(600)' "
+            "model.py region 1048576 1048576 1 /backends/python 336 {} DEFAULT) &")
+    process = subprocess.Popen(["bash", "-c", " ".join(stub.format(n) for n in names) + " wait"])
+
+    def started():
+        found = watchdog.stub_processes(process.pid)
+        return found if len(found) == len(names) else None
+
+    stubs = wait_until(started, 10, "the stubs to start")
+    return process, {pid: start for pid, (start, _) in stubs.items()}
+
+
+def test_a_stub_that_ends_while_the_server_is_ready_restarts_it_one_that_ends_in_a_stop_does_not():
+    process, children = server_with_stubs()
+    try:
+        stubs = watchdog.StubWatch()
+        assert stubs.verdict(process.pid, lambda: False) == "" and stubs.stubs == {}  # loading: not read yet
+        assert stubs.verdict(process.pid, lambda: True) == ""
+        assert sorted(name for _, name in stubs.stubs.values()) == ["embed_0_0", "embed_0_1"]
+        dead = next(pid for pid, (_, name) in stubs.stubs.items() if name == "embed_0_1")
+        os.kill(dead, signal.SIGKILL)
+        wait_until(lambda: not watchdog.running(dead), 10, "the stub to end")
+        assert stubs.verdict(process.pid, lambda: False) == ""  # the server is stopping
+        assert stubs.verdict(process.pid, lambda: True) == \
+            f"model process embed_0_1 (pid {dead}) ended while the server was ready"
+    finally:
+        clean_up(process, children)
+
+
+def test_a_server_whose_stub_died_is_stopped_though_every_probe_is_answered(fake_triton):
+    server, url = fake_triton  # answers every probe, and 200 on /v2/health/ready
+    process, children = server_with_stubs()
+    try:
+        threading.Timer(0.5, os.kill, (next(iter(children)), signal.SIGKILL)).start()
+        verdict = watchdog.main(["--pid", str(process.pid), "--url", url, "--interval", "0.1", "--grace", "0.2"])
         assert verdict == watchdog.RESTART
         assert process.wait(10) is not None
         assert not any(watchdog.running(pid, start) for pid, start in children.items())
