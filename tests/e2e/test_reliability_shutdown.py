@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from rose_triton.server import TritonServer
 from testing.crashes import kernel_log, new_lines, segfaults, stub_pids
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http, unary_outputs
+from testing.hold import wait_for_metric
 from testing.waiting import wait_until
 
 pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
@@ -38,7 +38,8 @@ def test_a_graceful_stop_leaves_no_stub_segfault(tmp_path):
         assert embed_stream(server.grpc_url, texts).shape == (2, 384)
         assert embed_generate(server.http_url, texts).shape == (2, 384)
         assert "EMBEDDINGS_INT8" in unary_outputs(grpcclient, server.grpc_url, texts, ("EMBEDDINGS_INT8",))
-        time.sleep(1.5)  # the encoder's metrics thread has exported at least twice
+        # the encoder's metrics thread has exported them: its Metric objects exist and have been used
+        wait_for_metric(server.metrics_url, 'rose_requests_total{model="rose_encoder",outcome="ok"', 19)
     finally:
         status = server.stop()
     assert status == 0, server.log_path.read_text(errors="replace")[-4000:]
