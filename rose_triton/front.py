@@ -5,7 +5,7 @@ import asyncio
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from engine_lib.errors import OverloadError
 
@@ -45,15 +45,26 @@ class EncoderTimeout(OverloadError):
     (retry, or on another replica)."""
 
 
-async def exec_decoupled(bls_request, encoder_model: str, timeout_s: float):
-    """`bls_request.async_exec(decoupled=True)` -> its responses; EncoderTimeout after `timeout_s`.
+async def exec_decoupled(bls_request, encoder_model: str, timeout_s: float, barrier: Callable[[], object]):
+    """`bls_request.async_exec(decoupled=True)` -> its responses, all of them; EncoderTimeout after `timeout_s`.
 
     Triton 2.51's async_exec waits for the first response in a thread of the event loop's
     default executor, and that wait cannot be interrupted: after a timeout the thread stays
     blocked until the encoder answers or the server restarts (the executor's size bounds how
-    many), but the front answers and takes its next request."""
+    many), but the front answers and takes its next request.
+
+    `barrier` must be the front's own `request.is_cancelled` (its answer is not used). The stub
+    keeps a second reference to the call's response iterator, which its stub-to-parent thread
+    drops, without the GIL, when it handles the clean-up the last response queued; if that
+    reference is the last, the responses' tensors free their numpy arrays without the GIL
+    (heap corruption: a rare segfault in libpython under load). `is_cancelled` is answered by
+    the same thread in queue order, so once it returns the stub's reference is gone and the
+    iterator here, the last one, is freed with the GIL."""
     try:
-        return await asyncio.wait_for(bls_request.async_exec(decoupled=True), timeout_s)
+        iterator = await asyncio.wait_for(bls_request.async_exec(decoupled=True), timeout_s)
     except asyncio.TimeoutError:
         raise EncoderTimeout(f"{encoder_model} did not answer within {timeout_s:g} s (parameter bls_timeout_s "
                              f"of the unary front); retry, or on another replica") from None
+    responses = list(iterator)  # to the final one: the encoder sends one final response per request
+    barrier()
+    return responses  # `iterator` is freed here, after the barrier

@@ -26,7 +26,8 @@
 # (same as --no-gateway), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5),
 # ROSE_WATCHDOG_TIMEOUT (seconds a probe waits, default 10), ROSE_WATCHDOG_MAX_TIMEOUTS
-# (probes in a row of one model without an answer that restart the server, default 3).
+# (probes in a row of one model without an answer that restart the server, default 3),
+# ROSE_CORE_DUMPS=1 (a crashed process writes a core file; Python tracebacks are always logged).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
@@ -85,6 +86,12 @@ else
   export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# A fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) in the gateway or the watchdog
+# prints every thread's Python traceback to the log (the model stubs ignore the environment
+# and enable it themselves: rose_triton/faults.py); ROSE_CORE_DUMPS=1 also lets every crashed
+# process write a core file (docs/operations.md, "Crashes").
+export PYTHONFAULTHANDLER="${PYTHONFAULTHANDLER:-1}"
+if [[ "${ROSE_CORE_DUMPS:-0}" == "1" ]]; then ulimit -c unlimited; fi
 GATEWAY_ARGS=(--triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT")
 
 # Optional model sets (model_sets/<set>/) and models served by name are served beside the

@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 from engine_lib.service.outputs import requested_outputs
 from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import relayed_error, triton_error
+from rose_triton.faults import enable_tracebacks
 from rose_triton.front import FrontConfig, exec_decoupled
 from rose_triton.parameters import (
     config_from_parameters,
@@ -28,6 +29,7 @@ from rose_triton.parameters import (
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_tracebacks()
         try:
             self.config = config_from_parameters(FrontConfig, config_parameters(args))
             self.inputs, self.outputs = input_names(args), output_names(args)
@@ -58,7 +60,7 @@ class TritonPythonModel:
         bls = pb_utils.InferenceRequest(
             model_name=encoder, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
             requested_output_names=wanted, parameters=parameters)
-        responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s)
+        responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s, request.is_cancelled)
         for response in responses:
             if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
                 return pb_utils.InferenceResponse(error=relayed_error(pb_utils, response.error()))

@@ -16,6 +16,7 @@ from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
 from engine_lib.tokenization.calibration import calibration_sequences
 from rose_triton.errors import triton_error
+from rose_triton.faults import enable_tracebacks
 from rose_triton.metrics import TritonMetricSink
 from rose_triton.parameters import input_names, instance_device, load_config, output_names
 from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
@@ -38,6 +39,7 @@ def _optional_input(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_tracebacks()
         try:
             config = load_config(EncoderConfig, args)
             self.encoder = build_endpoint(dataclasses.replace(config, device=instance_device(args, config.device)),
@@ -50,8 +52,8 @@ class TritonPythonModel:
                                  f"{self.encoder.output.name!r}")
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
-        sink = TritonMetricSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
-        self.publisher = MetricsPublisher(self.encoder.service.metrics, self.encoder.gauges, sink)
+        self.sink = TritonMetricSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        self.publisher = MetricsPublisher(self.encoder.service.metrics, self.encoder.gauges, self.sink)
 
     def execute(self, requests):
         received_at = time.perf_counter()
@@ -79,3 +81,4 @@ class TritonPythonModel:
     def finalize(self):
         self.encoder.close()
         self.publisher.close()
+        self.sink.close()  # while the stub lives (rose_triton/metrics.py)

@@ -1,8 +1,10 @@
 """Endpoint metrics: recording, publishing through a sink, the Triton sink's calls."""
 from __future__ import annotations
 
+import gc
 import time
 import types
+import weakref
 
 from engine_lib.service.metrics import INITIAL_LABELS, SPECS, EncoderMetrics, MetricsPublisher
 from rose_triton.metrics import TritonMetricSink
@@ -123,3 +125,22 @@ def test_triton_sink_makes_one_metric_per_label_set():
     histogram = by_labels[("rose_step_seconds", (("model", "rose_encoder"),))]
     assert histogram.family.kind == "h" and histogram.ops == [("observe", 0.01)]
     assert histogram.buckets == list(SPECS["rose_step_seconds"].buckets)
+
+
+def test_triton_sink_close_releases_every_metric_and_family_and_ignores_later_calls():
+    pb_utils, created = fake_pb_utils()
+    sink = TritonMetricSink(pb_utils, {"model": "rose_encoder"})
+    sink.observe("rose_step_seconds", (), 0.01)
+    alive = [weakref.ref(m) for m in created] + list({id(m.family): weakref.ref(m.family) for m in created}.values())
+    count = len(created)
+    created.clear()
+    gc.disable()  # released by reference counts alone, as in the stub's `finalize`
+    try:
+        sink.close()
+        assert [r for r in alive if r() is not None] == []
+    finally:
+        gc.enable()
+    sink.increment("rose_refused_total", (("reason", "queue_tokens"),), 1)
+    sink.set("rose_queue_tokens", (), 3)
+    sink.observe("rose_step_seconds", (), 0.01)
+    assert count > 0 and created == []  # nothing made after close

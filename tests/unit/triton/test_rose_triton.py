@@ -118,26 +118,54 @@ def test_precedence_explicit_over_environment_over_config_pbtxt_over_default(tmp
 
 
 class BlsRequest:
-    """pb_utils.InferenceRequest's async_exec: `answer` None = the encoder never answers."""
+    """pb_utils.InferenceRequest's async_exec: `answer` None = the encoder never answers; else
+    the stub's response iterator over `answer`, noting into `events` when it ends and is freed."""
 
-    def __init__(self, answer=None):
-        self.answer = answer
+    def __init__(self, answer=None, events=None):
+        self.answer, self.events = answer, events if events is not None else []
 
     def async_exec(self, decoupled=False):
         assert decoupled
         future = asyncio.get_running_loop().create_future()
         if self.answer is not None:
-            future.set_result(self.answer)
+            future.set_result(ResponseIterator(self.answer, self.events))
         return future
+
+
+class ResponseIterator:
+    def __init__(self, responses, events):
+        self._responses, self.events = iter(responses), events
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._responses)
+        except StopIteration:
+            self.events.append("ended")
+            raise
+
+    def __del__(self):
+        self.events.append("freed")
 
 
 def test_a_bls_call_past_its_timeout_fails_unavailable_naming_the_timeout():
     with pytest.raises(EncoderTimeout) as timed_out:
-        asyncio.run(exec_decoupled(BlsRequest(), "rose_encoder", 0.01))
+        asyncio.run(exec_decoupled(BlsRequest(), "rose_encoder", 0.01, lambda: False))
     assert "rose_encoder did not answer within 0.01 s (parameter bls_timeout_s" in str(timed_out.value)
     triton = triton_error(FakePbUtils, timed_out.value)
     assert triton.code() == FakeTritonError.UNAVAILABLE and decode(triton.message()).code == "UNAVAILABLE"
-    assert asyncio.run(exec_decoupled(BlsRequest(["response"]), "rose_encoder", 60)) == ["response"]
+
+
+def test_a_bls_call_reads_every_response_and_frees_the_iterator_only_after_the_barrier():
+    """The stub's clean-up of the call is queued when its last response is read; the barrier
+    (the front's request.is_cancelled) returns once the stub has handled it (rose_triton/front.py)."""
+    events = []
+    responses = asyncio.run(exec_decoupled(BlsRequest(["first", "final"], events), "rose_encoder", 60,
+                                           lambda: events.append("barrier")))
+    assert responses == ["first", "final"]
+    assert events == ["ended", "barrier", "freed"]
 
 
 def test_front_config_reads_the_timeout_under_the_environment_and_refuses_bad_ones():
