@@ -149,7 +149,8 @@ if [[ "$WATCHDOG" == 0 && "$GATEWAY" == 0 ]]; then
 fi
 # Supervised (default): Triton 2.51 never recovers from a dead or hung Python
 # model stub, so scripts/watchdog.py stops such a server and every process below
-# it (exit 3) and this loop starts a fresh one; the gateway keeps running and
+# it (exit 3) and this loop starts a fresh one, as it does for a tritonserver that
+# died of a signal (a crash); the gateway keeps running and
 # finds the new server by itself. The gateway runs under a loop of its own that
 # starts it again if it dies. SIGTERM/SIGINT stop the server and the gateway and
 # end both loops.
@@ -189,7 +190,9 @@ if [[ "$GATEWAY" == 1 ]]; then
   supervise_gateway &
   GATEWAY_PID=$!
 fi
+CRASH_DELAY=1
 while true; do
+  STARTED=$SECONDS
   "$TRITONSERVER" "${ARGS[@]}" &
   TRITON_PID=$!
   if [[ "$WATCHDOG" == 1 ]]; then
@@ -205,6 +208,17 @@ while true; do
   verdict=0
   wait "$WATCHDOG_PID" || verdict=$?
   WATCHDOG_PID=""
-  [[ "$verdict" == 3 && "$STOPPING" == 0 ]] || finish "$status"
-  echo "[serve] a model stub died or hung (see [watchdog] above); starting a fresh tritonserver" >&2
+  if [[ "$verdict" == 3 && "$STOPPING" == 0 ]]; then
+    echo "[serve] a model stub died or hung (see [watchdog] above); starting a fresh tritonserver" >&2
+  elif (( status > 128 )) && [[ "$STOPPING" == 0 ]]; then
+    # Killed by a signal it did not get from us: a crash (Triton 2.51's Python backend can abort
+    # under load, e.g. boost::interprocess::lock_exception) or the OOM killer. Start again, after
+    # 1 s doubling up to 30 s while it keeps dying within a minute of its start.
+    if (( SECONDS - STARTED >= 60 )); then CRASH_DELAY=1; fi
+    echo "[serve] tritonserver died of signal $(( status - 128 )); starting a fresh one in ${CRASH_DELAY}s" >&2
+    sleep "$CRASH_DELAY" & wait $! || true
+    CRASH_DELAY=$(( CRASH_DELAY * 2 > 30 ? 30 : CRASH_DELAY * 2 ))
+  else
+    finish "$status"
+  fi
 done

@@ -346,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
                 if left:
                     say(f"WARNING: processes {left} of the old server are still there after SIGKILL")
                 return RESTART
+    # The server died by itself (serve.sh decides whether to start another): its stubs outlive
+    # it, reparented, and a stopped one would keep its memory for good.
+    # Each ends by itself once it sees its parent gone (and frees its shared memory) unless stopped.
+    for pid in wait_gone({pid: start for pid, (start, _) in (stubs.known or {}).items()}, 5.0):
+        send(pid, signal.SIGKILL)
     return 0
 
 

@@ -332,3 +332,22 @@ def test_paused_it_acknowledges_each_pause_and_sends_no_probe(tmp_path, fake_tri
     finally:
         clean_up(process, children)
         thread.join(30)
+
+
+def test_stubs_left_by_a_server_that_died_by_itself_are_ended(tmp_path, fake_triton):
+    """A crashed server's stubs are reparented; one that is stopped would never see it and end."""
+    server, url = fake_triton
+    process, children = fake_server_with_stubs(tmp_path, ["embed_0_0", "embed_0_1"])
+    verdict = {}
+    thread = threading.Thread(target=lambda: verdict.setdefault("exit", watchdog.main(
+        ["--pid", str(process.pid), "--url", url, "--interval", "0.05"])))
+    try:
+        thread.start()
+        wait_until(lambda: server.posts >= 4, 30, "a round of probes (the stubs are recorded by then)")
+        os.kill(next(iter(children)), signal.SIGSTOP)
+        process.kill()  # the server dies by itself: no verdict of the watchdog's
+        thread.join(60)
+        assert verdict == {"exit": 0}
+        assert not any(watchdog.running(pid, start) for pid, start in children.items())
+    finally:
+        clean_up(process, children)
