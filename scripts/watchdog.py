@@ -349,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     # The server died by itself (serve.sh decides whether to start another): its stubs outlive
     # it, reparented, and a stopped one would keep its memory for good.
     # Each ends by itself once it sees its parent gone (and frees its shared memory) unless stopped.
-    for pid in wait_gone({pid: start for pid, (start, _) in (stubs.known or {}).items()}, 5.0):
-        send(pid, signal.SIGKILL)
+    left = {pid: start for pid, (start, _) in (stubs.known or {}).items()}
+    for pid in wait_gone(left, 5.0):
+        if running(pid, left[pid]):
+            send(pid, signal.SIGKILL)
+    wait_gone(left, 10.0)  # a signal is delivered after kill() returns
     return 0
 
 
