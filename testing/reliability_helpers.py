@@ -50,3 +50,11 @@ def encode_ids(grpc_url, input_ids, seq_lens, timeout=60):
         client.stop_stream()
         client.close()
     return (None, error) if error is not None else (result.as_numpy(EMBEDDINGS), None)
+
+
+def watchdog_lines_naming(instance, server):
+    """The server log's `[watchdog]` lines that name model instance `instance` (the stub watch
+    names it when its process ends; a probe that meets the dead instance first quotes Triton's
+    `Stub process '<instance>' is not healthy`)."""
+    log = server.log_path.read_text(errors="replace")
+    return [line for line in log.splitlines() if line.startswith("[watchdog]") and instance in line]
