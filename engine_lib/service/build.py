@@ -67,5 +67,6 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
                                     config.max_inflight_batches, config.max_queued_tokens,
                                     config.max_queued_requests, hold_file=config.test_hold_file,
-                                    batch_promote_s=config.batch_promote_ms / 1000),
+                                    batch_promote_s=config.batch_promote_ms / 1000,
+                                    response_threads=config.response_threads),
                     calibration=calibration)
