@@ -75,16 +75,23 @@ def describe() -> dict:
 
 
 def slug(machine: dict) -> str:
-    """`<date>-<machine>` folder name, e.g. 2025-11-29-amd-epyc-2c."""
+    """The machine kind's results folder name, e.g. amd-epyc-2c (one current file per profile in it)."""
     name = machine["gpu"].split(",")[0] if machine.get("gpu") else machine["cpu"]
     name = re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name, flags=re.I)
     name = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32]
-    return f"{machine['date']}-{name}-{machine['cores']}c"
+    return f"{name}-{machine['cores']}c"
+
+
+def machine_line(m: dict) -> str:
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU"
+    return (f"{m['cpu']} ({m['cores']} cores, {'/'.join(m.get('cpu_isa', []))}){gpu}, {m.get('memory_gib')} GiB, "
+            f"{m.get('os')}, Python {m.get('python')}; load average at start {m['load_avg_at_start'][0]:.2f}"
+            + (f", at end {m['load_avg_at_end'][0]:.2f}" if m.get("load_avg_at_end") else ""))
 
 
 def gemm_flops(seconds: float = 3.0) -> dict:
     """Best dense-GEMM rate torch reaches here (fp32 on CPU, bf16 on GPU): the machine's ceiling."""
-    import torch
+    import torch  # optional heavy dependency: peer venvs import this module without torch
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)

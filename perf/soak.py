@@ -1,44 +1,33 @@
-"""Soak: perf_analyzer at high concurrency on each entry for minutes, counting what breaks.
-
-    python -m perf.soak [--minutes 10] [--concurrency 64,128] [--models embed,ensemble,score]
-                        [--near-free] [--rerank-model-dir DIR|tiny] [--out FILE.md]
-
-Starts its own server (scripts/serve.sh, watchdog on, as deployed) and runs perf_analyzer on
-`embed`, `ensemble` (--streaming) and, when a reranker is served, `score`, at each concurrency
-for `--minutes`. perf_analyzer stops at a failed request: it is started again (after the server
-is ready again) until the cell's time is up. Per cell: requests and errors (Triton's statistics,
-a drop read as a restart), failed perf_analyzer runs and their first message, stubs that died
-(a stub process of the server gone while it ran), watchdog restarts and `is not healthy` lines
-of the server's log, and new kernel segfault lines of this server's stubs (testing/crashes.py).
-`--near-free`: the 1-layer 32-wide model of the overhead profile (perf/overhead/folder.py);
-`--rerank-model-dir tiny`: a random-weight BERT cross-encoder (testing/tiny_rerankers.py).
-"""
+"""`--profile soak`: perf_analyzer at 64 and 128 concurrent on each entry for minutes, counting what breaks
+(docs/benchmarks.md, "soak")."""
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import secrets
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
-from perf.perf_analyzer.sweep import ENTRIES, ensure_installed, input_data
+from rose_triton.server import TritonServer
 from testing.crashes import kernel_log, new_lines, segfaults, stub_pids
+from testing.tiny_rerankers import CORPUS, save_bert_cross_encoder
+
+from .measure import log
+from .overhead import build_tiny_model
+from .perf_analyzer.sweep import ENTRIES, ensure_installed, input_data
+from .serverstats import triton_stats
 
 ENTRIES = {**ENTRIES, "score": []}
+MINUTES, CONCURRENCY = 10.0, (64, 128)
 WATCHDOG_RESTART = "[serve] a model stub died or hung"
 UNHEALTHY = "is not healthy"
 STUB_NAMED = re.compile(r"(\S+) \(pid (\d+)\)")
 
 
 def score_data(path: Path, documents: int = 4, num_entries: int = 16) -> Path:
-    from testing.tiny_rerankers import CORPUS
-
     data = [{"QUERY": {"content": [CORPUS[i % len(CORPUS)]], "shape": [1]},
              "DOCUMENTS": {"content": [CORPUS[(i + j + 1) % len(CORPUS)] for j in range(documents)],
                            "shape": [documents]}} for i in range(num_entries)]
@@ -48,14 +37,10 @@ def score_data(path: Path, documents: int = 4, num_entries: int = 16) -> Path:
 
 def request_counts(http_url: str, admin_key: str) -> dict:
     """{model: (success, fail)} from Triton's statistics API ({} while the server is down)."""
-    request = urllib.request.Request(f"http://{http_url}/v2/models/stats", headers={"rose-admin-key": admin_key})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            body = json.load(response)
+        return {name: (stats["success"][0], stats["fail"][0]) for name, stats in triton_stats(http_url, admin_key).items()}
     except OSError:
         return {}
-    return {m["name"]: (int(m["inference_stats"]["success"]["count"]), int(m["inference_stats"]["fail"]["count"]))
-            for m in body.get("model_stats", [])}
 
 
 class Watch:
@@ -167,59 +152,33 @@ def markdown(results: dict) -> str:
     return "\n".join(lines + ([""] + details if details else [])) + "\n"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m perf.soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=10.0, help="per model and concurrency")
-    parser.add_argument("--concurrency", default="64,128")
-    parser.add_argument("--models", help="default: embed,ensemble, and score when a reranker is served")
-    parser.add_argument("--near-free", action="store_true", help="serve the near-free 1-layer model")
-    parser.add_argument("--model-dir", help="the embedder folder (default: the embedded all-MiniLM-L6-v2)")
-    parser.add_argument("--rerank-model-dir", help="also serve this reranker (`tiny`: a random tiny one)")
-    parser.add_argument("--out", type=Path, help="write the table here (and the JSON beside it)")
-    args = parser.parse_args(argv)
-    from perf.machine import describe
-    from rose_triton.server import TritonServer
-
+def measure(args, out_json, machine: dict) -> dict:
     work = Path(tempfile.mkdtemp(prefix="soak-"))
-    model_dir = args.model_dir
-    if args.near_free:
-        from perf.overhead.folder import build_tiny_model
-
+    model_dir, rerank_dir = args.model_dir, args.rerank_model_dir
+    if model_dir == "near-free":
         model_dir = str(build_tiny_model(work / "near-free"))
-    rerank_dir = args.rerank_model_dir
     if rerank_dir == "tiny":
-        from testing.tiny_rerankers import save_bert_cross_encoder
-
         rerank_dir = str(work / "tiny-reranker")
         save_bert_cross_encoder(rerank_dir)
-    models = args.models.split(",") if args.models else ["embed", "ensemble"] + (["score"] if rerank_dir else [])
+    models = args.cells.split(",") if args.cells else ["embed", "ensemble"] + (["score"] if rerank_dir else [])
     launcher = ensure_installed()
     data = {"score": score_data(work / "score.json")} if "score" in models else {}
     data.update({m: input_data(work / "text.json", 1, 32) for m in models if m != "score"})
     admin_key = secrets.token_hex(16)
-    print(f"[soak] server log {work / 'server.log'}", file=sys.stderr)
-    server = TritonServer(work / "server.log", env={"ROSE_MODEL_DIR": model_dir} if model_dir else {},
-                          serve_args=["--rerank-model-dir", rerank_dir] if rerank_dir else [],
+    log(f"soak: server log {work / 'server.log'}")
+    env = {**({"ROSE_MODEL_DIR": model_dir} if model_dir else {}),
+           **dict(kv.split("=", 1) for kv in (args.server_env or []))}
+    server = TritonServer(work / "server.log", env=env, serve_args=["--rerank-model-dir", rerank_dir] if rerank_dir else [],
                           ready_timeout=600, admin_key=admin_key)
-    results = {"minutes": args.minutes, "machine": describe(),
-               "model": "near-free (1 layer, 32 wide)" if args.near_free else model_dir or "all-MiniLM-L6-v2",
+    results = {"profile": "soak", "minutes": MINUTES * args.scale, "machine": machine,
+               "model": "near-free (1 layer, 32 wide)" if args.model_dir == "near-free" else model_dir or "all-MiniLM-L6-v2",
                "rows": []}
     try:
         for model in models:
-            for concurrency in (int(c) for c in args.concurrency.split(",")):
-                print(f"[soak] {model} at concurrency {concurrency} for {args.minutes:g} min", file=sys.stderr)
+            for concurrency in CONCURRENCY:
+                log(f"soak: {model} at concurrency {concurrency} for {results['minutes']:g} min")
                 results["rows"].append(soak_cell(server, launcher, model, data[model], concurrency,
-                                                 args.minutes * 60, admin_key))
+                                                 results["minutes"] * 60, admin_key))
     finally:
         server.stop()
-    text = markdown(results)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    print(text)
-
-
-if __name__ == "__main__":
-    main()
+    return results

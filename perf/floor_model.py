@@ -1,4 +1,4 @@
-"""Triton model (copied into a generated repository by perf.overhead.floor): the Python backend's floor.
+"""Triton model (copied into a generated repository by perf/overhead.py): the Python backend's floor.
 
 Decoupled, same inputs and output as rose_encoder, no work: each request is
 answered with zeros [N, dim], from execute itself ("execute") or from a

