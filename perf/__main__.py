@@ -49,19 +49,16 @@ def main(argv=None) -> None:
     run.add_argument("--profile", choices=sorted(MODULES), default="cpu")
     run.add_argument("--targets", help=f"comma list (default: the profile's); known: {','.join(LABELS)}")
     run.add_argument("--cells", help="comma list of cell keys (default: all); overhead: client paths; "
-                                     "soak: models; perf_analyzer: entries")
+                                     "perf_analyzer: entries")
     run.add_argument("--scale", type=float, default=1.0, help="scale request counts and durations (e.g. 0.2)")
-    run.add_argument("--dry-run", action="store_true", help="gpu-*: a tiny model on CPU, small sizes (CI)")
+    run.add_argument("--dry-run", action="store_true", help="gpu-served: a tiny model on CPU, small sizes (CI)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
     run.add_argument("--gateway-url", help="use a running gateway (e.g. http://127.0.0.1:8080) for target gateway")
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
-    run.add_argument("--rerank-model-dir", help="soak: also serve this reranker (`tiny`: a random tiny one)")
     run.add_argument("--out", help="output folder (default: perf/results/<machine>)")
     run.add_argument("--compare", help="overhead: also serve these git refs (comma list), same run")
-    run.add_argument("--variant", action="append", metavar="LABEL=REF[:KEY=VALUE...]",
-                     help="overhead: also serve REF (. = this checkout) with KEY=VALUE in its environment")
     run.add_argument("--server-env", action="append", metavar="KEY=VALUE",
-                     help="mix, soak: environment of the server it starts (e.g. ROSE_MAX_BATCH_TOKENS=2048)")
+                     help="mix: environment of the server it starts (e.g. ROSE_MAX_BATCH_TOKENS=2048)")
     run.add_argument("--admin-key", help="perf_analyzer with --grpc-url: the server's admin key")
     run.add_argument("--no-gemm", action="store_true", help="skip the dense-GEMM reading")
     run.add_argument("--quiet-wait", type=float, default=120.0,
@@ -78,7 +75,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.dry_run and not args.profile.startswith("gpu-"):
-            parser.error("--dry-run is for the gpu-served and gpu-latency profiles")
+            parser.error("--dry-run is for the gpu-served profile")
         cmd_run(args)
     elif args.command == "setup":
         setup(args.name, ModelFolder.open(args.model_dir or "default").path)

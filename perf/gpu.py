@@ -18,7 +18,6 @@ from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.service.build import build_endpoint
 from rose_wire import EMBEDDINGS
 
-from .machine import flops_per_token, gemm_flops
 from .measure import latency_loop, latency_stats, log, threaded_loop
 from .profiles import S1, S2, S3, Cell, select
 from .report import markdown  # noqa: F401 (the renderer of these profiles: the cells format)
@@ -145,13 +144,6 @@ def measure(args, out_json, machine: dict) -> dict:
     finally:
         endpoint.close(30)
     stats = vars(engine.stats)
-    ceiling = None if args.no_gemm else gemm_flops(1.0 if args.dry_run else 3.0)
-    for entry in entries:
-        rose = entry["results"]["rose"]
-        if ceiling and entry["mode"] == "load":
-            flops = rose["embeddings_per_s"] * entry["seq_len"] * flops_per_token(
-                {**shape, "model_type": "qwen3"}, entry["seq_len"])
-            rose["model_flops_fraction_of_gemm"] = flops / ceiling["flops_per_s"]
     graphs_ok = engine.graphs is not None and stats["replays"] > 0 and stats["capture_failures"] == 0
     return {
         "profile": "gpu-served" + ("-dry-run" if args.dry_run else ""),
@@ -163,7 +155,6 @@ def measure(args, out_json, machine: dict) -> dict:
                   f"graph counters: {stats}"],
         "check": CHECK, "machine": machine,
         "model": model_record(shape, args.dry_run),
-        "gemm_ceiling": ceiling,
         "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
                              "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}}},
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),

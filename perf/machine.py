@@ -116,20 +116,6 @@ def gemm_flops(seconds: float = 3.0) -> dict:
     return best
 
 
-def flops_per_token(config: dict, seq_len: float) -> float:
-    """Forward FLOPs per token: every projection GEMM plus attention scores and values (causal: half).
-    `config`: the HF config's sizes; grouped-query heads and Qwen3's gated MLP when it says model_type qwen3."""
-    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    heads = config.get("num_attention_heads", 1)  # without it (or head_dim): full-width attention, as BERT's
-    head_dim = config.get("head_dim") or hidden // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    gated = config.get("model_type") == "qwen3"
-    dense = 2 * (hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-                 + (3 if gated else 2) * hidden * inter)
-    attention = 2 * 2 * heads * head_dim * seq_len * (0.5 if gated else 1.0)
-    return float(layers * (dense + attention))
-
-
 def _cpu_times() -> tuple[int, int]:
     with open("/proc/stat") as f:
         values = [int(v) for v in f.readline().split()[1:]]

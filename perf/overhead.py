@@ -28,7 +28,7 @@ from engine_lib.tokenization.text import TextTokenizer
 from rose_triton.server import TritonServer
 from testing.tiny_models import save_random_model
 
-from . import PEERS, REPO, machine, serverstats
+from . import PEERS, REPO, machine, procstat
 from .measure import latency_loop, latency_stats, log, min_cosine
 from .targets import BASELINES, HttpJson, RoseStream, TritonUnary, process_loop
 from .texts import TextMaker
@@ -165,7 +165,7 @@ def start(variants: list[Variant], model_dir: str, extra_repositories: list[Path
         variant.server = TritonServer(log_dir / f"{variant.name.replace('/', '_')}.log",
                                       env={"ROSE_MODEL_DIR": model_dir, "ROSE_WATCHDOG": "0"},
                                       extra_args=extra, ready_timeout=600, root=variant.root)
-        variant.triton_pid = serverstats.find_named(variant.server.process.pid, "tritonserver")
+        variant.triton_pid = procstat.find_named(variant.server.process.pid, "tritonserver")
         if variant.triton_pid is None:
             raise RuntimeError(f"{variant.name}: no tritonserver process under pid {variant.server.process.pid}")
 
@@ -204,11 +204,11 @@ class Window:
         self.variant = variant
 
     def __enter__(self):
-        self.cpu0, self.client0 = serverstats.tree_cpu_seconds(self.variant.triton_pid), time.process_time()
+        self.cpu0, self.client0 = procstat.tree_cpu_seconds(self.variant.triton_pid), time.process_time()
         return self
 
     def __exit__(self, *exc):
-        self.cpu = serverstats.diff(serverstats.tree_cpu_seconds(self.variant.triton_pid), self.cpu0)
+        self.cpu = procstat.diff(procstat.tree_cpu_seconds(self.variant.triton_pid), self.cpu0)
         self.client = time.process_time() - self.client0
         return False
 
@@ -217,7 +217,7 @@ def summarize(windows: list[dict]) -> dict:
     """The windows of one (path, server) over rounds, summed."""
     total: dict = {"requests": 0, "server_cpu_s": {}, "client_cpu_s": 0.0}
     for w in windows:
-        serverstats.add(total, {k: w[k] for k in total})
+        procstat.add(total, {k: w[k] for k in total})
     n, cpu = max(1, total["requests"]), total["server_cpu_s"]
     return {**latency_stats([x for w in windows for x in w["latencies_ms"]]),
             "server_cpu_ms_per_request": 1e3 * sum(cpu.values()) / n,
@@ -280,7 +280,7 @@ def load(settings: Settings, variants, requests) -> list[dict]:
                 served = done + concurrency * len(items)  # + each client's warm-up request
                 cpu: dict = {}
                 for _, window_cpu, _ in items:
-                    serverstats.add(cpu, window_cpu)
+                    procstat.add(cpu, window_cpu)
                 cell["results"][name] = {
                     "requests_per_s": done / seconds, "seconds": seconds, "requests": done,
                     "p50_ms": float(np.mean([s["p50_ms"] for s, _, _ in items])),

@@ -132,6 +132,5 @@ PROFILES = {
 MODULES = {**{name: "perf.runner" for name in PROFILES},
            "overhead": "perf.overhead",    # the server's own cost per request, next to a near-free model
            "mix": "perf.mix",              # bulk backfill + interactive stream, priority classes on and off
-           "soak": "perf.soak",            # perf_analyzer at high concurrency for minutes: what breaks
            "perf_analyzer": "perf.perf_analyzer.sweep",  # Triton's perf_analyzer: concurrency x texts
            "gpu-served": "perf.gpu"}       # Endpoint + BatchingService + CUDA graphs in-process on a GPU

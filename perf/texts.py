@@ -17,7 +17,6 @@ class Request:
     texts: list[str]
     input_ids: np.ndarray = field(repr=False)  # [sum(seq_lens)] int64
     seq_lens: np.ndarray                       # [N] int64
-    token_types: np.ndarray | None = field(default=None, repr=False)  # reranker pairs: flat segment ids
 
     @property
     def num_tokens(self) -> int:

@@ -1,12 +1,9 @@
-"""What a server did: CPU seconds of its process tree (/proc) and Triton's per-model statistics (admin API)."""
+"""CPU seconds of a server's process tree from /proc (tritonserver and its Python stubs, by model)."""
 from __future__ import annotations
 
-import json
 import os
-import urllib.request
 
 TICKS = os.sysconf("SC_CLK_TCK")
-STATS = ("queue", "compute_input", "compute_infer", "compute_output", "success", "fail")
 
 
 def _processes() -> dict[int, tuple[str, int, float]]:
@@ -75,17 +72,3 @@ def add(total: dict, delta: dict) -> dict:
         else:
             total[k] = total.get(k, 0) + v
     return total
-
-
-def triton_stats(http_url: str, admin_key: str) -> dict:
-    """{model: {stat: (count, ns)}, plus "executions"} from the statistics API (admin key needed)."""
-    request = urllib.request.Request(f"http://{http_url}/v2/models/stats", headers={"rose-admin-key": admin_key})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        body = json.load(response)
-    out = {}
-    for model in body.get("model_stats", []):
-        stats = model.get("inference_stats", {})
-        entry = {k: (int(stats.get(k, {}).get("count", 0)), int(stats.get(k, {}).get("ns", 0))) for k in STATS}
-        entry["executions"] = (int(model.get("execution_count", 0)), 0)
-        out[model["name"]] = entry
-    return out
