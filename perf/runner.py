@@ -1,35 +1,38 @@
-"""Run a profile: same requests for every target, warm-up checked against the reference, then timed."""
+"""The cells profiles: every target (ours served, peers) on the same requests, each response of the
+warm-up checked against sentence-transformers on the same weights, then timed."""
 from __future__ import annotations
 
 import datetime
 import gc
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from sentence_transformers import SentenceTransformer
 
+from engine_lib.model_folder import ModelFolder
 from engine_lib.runner.self_check import MIN_COSINE
+from rose_triton.server import TritonServer
 
-from .machine import wait_until_quiet
-from .measure import latency_stats
-from .profiles import Cell, Profile
-from .scoring import MAX_SCORE_DIFF, check_scores
+from . import targets as lineup
+from .machine import gemm_flops, wait_until_quiet
+from .measure import latency_stats, log, min_cosine
+from .peers.servers import start_openai_peer
+from .peers.setup import ensure_onnx_export
+from .profiles import LABELS, PROFILES, Cell, Profile, select
+from .report import markdown  # noqa: F401 (the renderer of this module's profiles)
 from .texts import TextMaker
-
-
-def log(message: str) -> None:
-    print(f"[perf] {message}", file=sys.stderr, flush=True)
 
 
 class Reference:
     """sentence-transformers on the same weights: what every response is checked against."""
 
     def __init__(self, model_dir: str, max_positions: int):
-        from sentence_transformers import SentenceTransformer
-
         self.model = SentenceTransformer(model_dir)  # fp32, CUDA where there is one
         self.text_max = self.model.max_seq_length
         self.max_positions = max_positions
@@ -40,12 +43,14 @@ class Reference:
         return self.model.encode(request.texts, batch_size=len(request.texts), normalize_embeddings=True)
 
 
-def min_cosine(got: np.ndarray, want: np.ndarray) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    if got.shape != want.shape:
-        raise ValueError(f"shape {got.shape}, expected {want.shape}")
-    num = (got * want).sum(1)
-    return float((num / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))).min())
+def model_info(model_dir: str | None) -> dict:
+    """The model under test: its folder, a name for the results, its limits and sizes."""
+    folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
+    path, config = folder.path, folder.config
+    name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
+    return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
+            "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads") if k in config}}
 
 
 def skip_reason(cell: Cell, target, max_positions: int, text_max: int) -> str | None:
@@ -59,42 +64,29 @@ def skip_reason(cell: Cell, target, max_positions: int, text_max: int) -> str | 
 
 def run_cell(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
     """Warm-up (every response checked), then timing; a failed check reports no timing."""
-    check = requests[:warmup]
     try:
-        got = target.embed(cell, check)
-        if cell.task == "score":
-            diff = check_scores(got, reference_rows)
-            checked = {"max_score_diff": diff}
-            failed = diff > MAX_SCORE_DIFF and f"max |score - CrossEncoder| {diff:.2e} > {MAX_SCORE_DIFF}"
-        else:
-            cosine = min(min_cosine(g, w) for g, w in zip(got, reference_rows))
-            checked = {"min_cosine": cosine}
-            failed = cosine < MIN_COSINE and f"min cosine {cosine:.5f} < {MIN_COSINE}"
-    except Exception as exc:
+        cosine = min(min_cosine(g, w) for g, w in zip(target.embed(cell, requests[:warmup]), reference_rows))
+    except Exception as exc:  # any failure of a target is its cell's result, not the run's end
         return {"error": f"warm-up failed: {type(exc).__name__}: {exc}"}
-    if failed:
-        return {"error": f"warm-up check failed: {failed}", **checked}
+    if cosine < MIN_COSINE:
+        return {"error": f"warm-up check failed: min cosine {cosine:.5f} < {MIN_COSINE}", "min_cosine": cosine}
     label = f"{cell.key} {target.name}"
     try:
         if cell.mode == "sequential":
             latencies = target.sequential(cell, requests, label)
             stats = latency_stats(latencies)
-            seconds = sum(latencies) / 1e3
-            stats["embeddings_per_s"] = stats["n"] * cell.batch / seconds
+            stats["embeddings_per_s"] = stats["n"] * cell.batch / (sum(latencies) / 1e3)
         else:
             stats = target.load(cell, requests, label)
-    except Exception as exc:
-        return {"error": f"timing failed: {type(exc).__name__}: {exc}", **checked}
+    except Exception as exc:  # as above
+        return {"error": f"timing failed: {type(exc).__name__}: {exc}", "min_cosine": cosine}
     tokens = sum(r.num_tokens for r in requests) / sum(len(r.seq_lens) for r in requests)
-    return {**stats, **checked, "input_used": target.input_used(cell), "mean_tokens_per_text": tokens}
+    return {**stats, "min_cosine": cosine, "input_used": target.input_used(cell), "mean_tokens_per_text": tokens}
 
 
 def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict, machine: dict,
-                out_json: Path, extra: dict, quiet: tuple[float, float] = (0.25, 0.0),
-                scoring: dict | None = None) -> dict:
-    """`quiet` = (busy threshold, max wait s): before each target's timing, wait for other work to calm down.
-    `scoring`: {"dir", "requests": PairRequests, "reference": ScoreReference, "targets"} for score
-    cells (perf/scoring.py); without it they are skipped."""
+                out_json: Path, extra: dict, quiet: tuple[float, float] = (0.25, 0.0)) -> dict:
+    """`quiet` = (busy threshold, max wait s): before each target's timing, wait for other work to calm down."""
     maker = TextMaker(os.path.join(model["dir"], "tokenizer.json"), model["max_positions"])
     reference = Reference(model["dir"], model["max_positions"])
     model["text_max_length"] = reference.text_max
@@ -102,34 +94,20 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
                "machine": machine, "model": model, **extra,
                "started": datetime.datetime.now().isoformat(timespec="seconds"),
                "targets": {name: {"versions": t.versions} for name, t in targets.items()}, "cells": []}
-    if scoring is not None:
-        results["reranker"] = scoring["info"]
     for number, cell in enumerate(cells, 1):
         log(f"cell {number}/{len(cells)} [{cell.scenario}] {cell.label}")
         entry = cell.entry()
-        cell_targets, limit = targets, model["max_positions"]
-        if cell.task == "score":
-            if scoring is None:
-                entry["results"] = {name: {"skipped": "no reranker (--rerank-model-dir)"} for name in targets}
-                results["cells"].append(entry)
-                continue
-            cell_targets, limit = scoring["targets"], scoring["requests"].pairs.max_length
-            requests = scoring["requests"].requests(profile.pool_requests, cell.batch, cell.seq_len)
-            warmup = min(profile.warmup_requests, len(requests))
-            reference_rows = [scoring["reference"].scores(r) for r in requests[:warmup]]
-        else:
-            requests = maker.requests(profile.pool_requests, cell.batch, cell.seq_len, reference.text_max)
-            warmup = min(profile.warmup_requests, len(requests))
-            reference_rows = [reference.embed(cell, r) for r in requests[:warmup]]
-        for name, target in cell_targets.items():
-            reason = skip_reason(cell, target, limit, limit if cell.task == "score" else reference.text_max)
+        requests = maker.requests(profile.pool_requests, cell.batch, cell.seq_len, reference.text_max)
+        warmup = min(profile.warmup_requests, len(requests))
+        reference_rows = [reference.embed(cell, r) for r in requests[:warmup]]
+        for name, target in targets.items():
+            reason = skip_reason(cell, target, model["max_positions"], reference.text_max)
             start = time.monotonic()
             busy = wait_until_quiet(*quiet) if not reason else None
-            entry["results"][name] = {"skipped": reason} if reason else run_cell(
-                cell, target, requests, reference_rows, warmup)
-            outcome = entry["results"][name]
+            outcome = {"skipped": reason} if reason else run_cell(cell, target, requests, reference_rows, warmup)
             if busy is not None:
                 outcome["machine_busy_before"] = round(busy, 3)
+            entry["results"][name] = outcome
             summary = (outcome.get("skipped") or outcome.get("error")
                        or f"p50 {outcome.get('p50_ms', 0):.1f} ms, {outcome.get('embeddings_per_s', 0):.1f} emb/s")
             log(f"  {name}: {summary} ({time.monotonic() - start:.0f}s)")
@@ -138,5 +116,62 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
         out_json.write_text(json.dumps(results, indent=1))
         gc.collect()
     results["machine"]["load_avg_at_end"] = os.getloadavg()
-    out_json.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
+    """Targets by name; ours served by a tritonserver started here unless --grpc-url/--gateway-url."""
+    grpc_url, gateway_url = args.grpc_url, args.gateway_url
+    if not grpc_url and {"rose", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
+        extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
+        log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
+        log(f"starting tritonserver (log {log_dir / 'server.log'})")
+        server = TritonServer(log_dir / "server.log", env={"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {},
+                              extra_args=extra, ready_timeout=600, gateway="gateway" in names)
+        stack.append(server.stop)
+        grpc_url, gateway_url = grpc_url or server.grpc_url, gateway_url or server.gateway_url
+    targets = {}
+    for name in names:
+        try:
+            if name == "rose":
+                targets[name] = lineup.rose_target(grpc_url)
+            elif name == "gateway":
+                targets[name] = lineup.gateway_target(gateway_url)
+            elif name == "triton-padded":
+                targets[name] = lineup.triton_padded_target(grpc_url)
+            elif name == "st":
+                targets[name] = lineup.InprocTarget(name, sys.executable, "st", model["dir"], model["max_positions"])
+            elif name == "ort":
+                targets[name] = lineup.InprocTarget(name, lineup.peer_python("ort"), "ort",
+                                                    str(ensure_onnx_export(model["dir"])), model["max_positions"])
+            elif name in ("vllm", "vllm-2cores", "infinity"):
+                targets[name] = start_openai_peer(name, model, stack)
+            else:
+                raise SystemExit(f"unknown target {name!r}; known: {', '.join(LABELS)}")
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            log(f"target {name} not available, left out: {exc}")
+            continue
+        stack.append(targets[name].close)
+    return targets
+
+
+def measure(args, out_json: Path, machine: dict) -> dict:
+    profile = PROFILES[args.profile]
+    names = args.targets.split(",") if args.targets else list(profile.default_targets)
+    cells, model = select(profile.cells, args.cells, args.scale), model_info(args.model_dir)
+    log(f"profile {profile.name}: {len(cells)} cells, targets {names} -> {out_json}")
+    gemm = gemm_flops() if not args.no_gemm else None
+    stack: list = []
+    try:
+        targets = start_targets(names, args, model, stack)
+        results = run_profile(profile, cells, targets, model, machine, out_json, {"gemm": gemm, "scale": args.scale},
+                              (args.quiet_busy, args.quiet_wait))
+        for name in results["targets"]:
+            results["targets"][name]["label"] = LABELS.get(name, name)
+    finally:
+        for stop in reversed(stack):
+            try:
+                stop()
+            except Exception as exc:  # shutting down: report, keep closing the rest
+                log(f"while stopping: {exc}")
     return results

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
+from tokenizers import Tokenizer
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus.txt")
 
@@ -16,7 +17,6 @@ class Request:
     texts: list[str]
     input_ids: np.ndarray = field(repr=False)  # [sum(seq_lens)] int64
     seq_lens: np.ndarray                       # [N] int64
-    token_types: np.ndarray | None = field(default=None, repr=False)  # reranker pairs: flat segment ids
 
     @property
     def num_tokens(self) -> int:
@@ -27,8 +27,6 @@ class TextMaker:
     """Cuts windows of the corpus so that each text tokenizes to an exact length."""
 
     def __init__(self, tokenizer_json: str, max_length: int):
-        from tokenizers import Tokenizer
-
         self.tokenizer = Tokenizer.from_file(tokenizer_json)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()

@@ -1,4 +1,4 @@
-"""Crashed model stubs, as the kernel log and the process tree show them (tests and perf.soak).
+"""Crashed model stubs, as the kernel log and the process tree show them (the tests).
 
 The kernel logs a process that dies of an unhandled SIGSEGV as
 `triton_python_b[PID]: segfault at ADDR ip ... in triton_python_backend_stub[...]` (the

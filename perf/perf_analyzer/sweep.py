@@ -1,10 +1,5 @@
-"""perf_analyzer sweep: concurrency x texts per request, on `ensemble` (--streaming) and the unary `embed`.
-
-    python -m perf.perf_analyzer.sweep [--grpc-url 127.0.0.1:8001] [--concurrency 1,2,4,8] [--sizes 1,8,32]
-
-Input data files hold real tokenized-length texts from perf/data/corpus.txt.
-Writes perf_analyzer.json + .md next to the other results (or --out).
-"""
+"""`--profile perf_analyzer`: Triton's perf_analyzer, concurrency x texts per request on `ensemble` (--streaming)
+and `embed`; other sizes: `python -m perf.perf_analyzer.sweep --concurrency 1,2,4,8 --sizes 1,8,32`."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from engine_lib.model_folder import resolve_model_dir
+from rose_triton.server import TritonServer
+
+from .. import REPO
+from ..machine import describe
+from ..texts import TextMaker
+
 LAUNCHER = REPO / "perf" / ".peers" / "perf-analyzer" / "perf_analyzer"
 ENTRIES = {"ensemble": ["--streaming"], "embed": []}  # decoupled ensemble needs streaming; embed is unary
 
@@ -30,9 +31,6 @@ def ensure_installed() -> Path:
 
 def input_data(path: Path, texts_per_request: int, seq_len: int, num_entries: int = 16) -> Path:
     """perf_analyzer --input-data JSON: `num_entries` requests of real texts of ~seq_len tokens."""
-    from engine_lib.model_folder import resolve_model_dir
-    from perf.texts import TextMaker
-
     maker = TextMaker(os.path.join(resolve_model_dir("default"), "tokenizer.json"), 512)
     rng = random.Random(f"pa-{texts_per_request}-{seq_len}")
     data = [{"TEXT": {"content": [maker.text(seq_len, rng) for _ in range(texts_per_request)],
@@ -67,9 +65,7 @@ def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int,
           admin_key: str | None = None) -> dict:
     """`stability`: perf_analyzer's allowed % spread between windows (a shared machine needs slack)."""
     launcher = ensure_installed()
-    from perf.machine import describe
-
-    results = {"grpc_url": grpc_url, "seq_len": seq_len, "machine": describe(), "rows": []}
+    results = {"profile": "perf_analyzer", "grpc_url": grpc_url, "seq_len": seq_len, "machine": describe(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             data = input_data(Path(tmp) / f"data-{size}.json", size, seq_len)
@@ -97,6 +93,21 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measure(args, out_json, machine: dict) -> dict:
+    server, admin_key = None, args.admin_key or os.environ.get("ROSE_ADMIN_KEY")
+    if not args.grpc_url:
+        admin_key = secrets.token_hex(16)
+        server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600,
+                              admin_key=admin_key)
+    try:
+        return sweep(args.grpc_url or server.grpc_url, [1, 2, 4, 8], [1, 8, 32], 128,
+                     args.cells.split(",") if args.cells else list(ENTRIES), max(4, int(50 * args.scale)),
+                     admin_key=admin_key)
+    finally:
+        if server is not None:
+            server.stop()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf.perf_analyzer.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,8 +124,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     server = None
     if not args.grpc_url:
-        from rose_triton.server import TritonServer
-
         args.admin_key = args.admin_key or secrets.token_hex(16)
         server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600,
                               admin_key=args.admin_key)

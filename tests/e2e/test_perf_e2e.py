@@ -2,7 +2,7 @@
 import numpy as np
 
 from engine_lib.runner.self_check import MIN_COSINE
-from perf.lineup import gateway_target, rose_target
+from perf.targets import gateway_target, rose_target
 from perf.profiles import Cell, Profile
 from perf.runner import run_profile
 

