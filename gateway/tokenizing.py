@@ -68,7 +68,7 @@ class GatewayTokenizer:
         self.text = TextTokenizer(folder, self.config)
         self.max_length = self.text.max_length
         vocab_size = folder.config.get("vocab_size")
-        self.vocab_size = vocab_size if isinstance(vocab_size, int) else self.text._full.get_vocab_size(True)
+        self.vocab_size = vocab_size if isinstance(vocab_size, int) else self.text.vocab_size()
         hidden_size = folder.config.get("hidden_size")  # the embedding rows' width (engine_lib.models.heads)
         self.output_dim = hidden_size if isinstance(hidden_size, int) and hidden_size > 0 else None
 
