@@ -5,7 +5,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine_lib.model_folder import DEFAULT_MODEL
 from rose_client.aio import ChunkRefused, DispatchFault, JobFailed
 from rose_wire import (
     DEFAULT_EMBEDDER,
@@ -30,15 +28,16 @@ from rose_wire import (
     TOKEN_TYPE_IDS,
 )
 
-from . import cohere, compact, embeddings, liveness, rerank
-from .backend import Backend
+from . import cohere, compact, embeddings, rerank
 from .bodies import BodyReader
-from .config import DEFAULT_MODEL_NAME, GatewayConfig
+from .config import GatewayConfig, served_model_name
 from .connection_limits import ConnectionBounds
 from .errors import ApiError, bad_request, too_large
 from .metrics import GatewayMetrics
-from .routing import EmbedderRoute, RerankerRoute, Routes, read_routes
-from .tokenizing import Encoded, GatewayTokenizer, TokenizeQueue
+from .engine import liveness
+from .engine.backend import Backend
+from .engine.routing import EmbedderRoute, RerankerRoute, Routes, max_pair_tokens, read_limits, read_routes
+from .engine.tokenizing import Encoded, GatewayTokenizer, TokenizeQueue
 
 log = logging.getLogger("gateway")
 # The request body's field behind each tensor an encoder may refuse; a refused request
@@ -51,22 +50,13 @@ def json_response(body, status: int = 200) -> Response:
     return Response(body if isinstance(body, bytes) else orjson.dumps(body), status, media_type="application/json")
 
 
-def served_model_name(config: GatewayConfig, model_dir_setting: str, model_dir: str) -> str:
-    """--model-name, else the default model's name, else the folder's name."""
-    if config.model_name:
-        return config.model_name
-    if model_dir_setting in ("", DEFAULT_MODEL):
-        return DEFAULT_MODEL_NAME
-    return os.path.basename(os.path.normpath(model_dir))
-
-
 class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.tokenizer = GatewayTokenizer(config.tokenizer_config, config.model_dir)
         self.model_name = served_model_name(config, self.tokenizer.config.model_dir, self.tokenizer.model_dir)
-        self.rerank_limits = rerank.read_limits(config.rerank_tokenizer_config)
-        self.rerank_pair_tokens = rerank.max_pair_tokens(self.rerank_limits)
+        self.rerank_limits = read_limits(config.rerank_tokenizer_config)
+        self.rerank_pair_tokens = max_pair_tokens(self.rerank_limits)
         self.metrics = GatewayMetrics()
         embedders, rerankers = read_routes(config.models_file, GatewayTokenizer)
         self.routes = Routes(EmbedderRoute(self.model_name, self.tokenizer, DEFAULT_EMBEDDER),
@@ -215,7 +205,7 @@ class Gateway:
         return json_response(body, 200 if ok else 503)
 
     async def livez(self, request: Request) -> Response:
-        """Liveness: the gateway's own machinery runs (whatever Triton does; gateway/liveness.py)."""
+        """Liveness: the gateway's own machinery runs (whatever Triton does; gateway/engine/liveness.py)."""
         problems = liveness.problems(self.backend)
         return json_response({"status": "failing", "problems": problems} if problems else {"status": "ok"},
                              503 if problems else 200)

@@ -25,9 +25,8 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, check_integer
 from engine_lib.tokenization.text_input import check_texts
 
-from .compact import embed_types
 from .errors import bad_request, from_input_error
-from .tokenizing import Encoded
+from .engine.tokenizing import Encoded
 
 INPUT_TYPES = {"search_query": "query", "search_document": "document", "classification": "classification",
                "clustering": "clustering"}
@@ -125,8 +124,8 @@ async def embed(gateway, request: Request) -> Response:
         encoded = await asyncio.get_running_loop().run_in_executor(gateway.pool, encode, route.tokenizer, req)
     num_tokens = int(encoded.seq_lens.sum())
     types = ["float" if t == "base64" else t for t in req.types]
-    arrays = await gateway._dispatch(request, embed_types(gateway.backend, encoded, types, req.options.dimensions,
-                                                          route.encoder), num_tokens, "texts")
+    arrays = await gateway._dispatch(request, gateway.backend.embed_types(encoded, types, req.options.dimensions,
+                                                                      route.encoder), num_tokens, "texts")
     gateway.metrics.tokens.inc(num_tokens)
     gateway.metrics.inputs.labels("embed_v2").inc(len(req.texts))
     return json_response(render_response(req, arrays, num_tokens))

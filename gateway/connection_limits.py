@@ -13,7 +13,7 @@ import resource
 from dataclasses import dataclass
 
 from .config import GatewayConfig
-from .liveness import LIVENESS_PATH
+from .engine.liveness import LIVENESS_PATH
 
 FD_RESERVE = 128  # descriptors kept for all but client connections: gRPC channels, logs, files
 # Past the whole receiving bound a request may take one of these places on probation: it is

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_lib.config import PairTokenizerConfig
 from engine_lib.errors import InputError
-from engine_lib.model_folder import ModelFolder
 from engine_lib.options import (
     BATCH,
     INTERACTIVE_MAX_TEXTS,
@@ -20,14 +18,12 @@ from engine_lib.options import (
     check_priority,
 )
 from engine_lib.tokenization.text_input import TextLimits, check_texts
-from rose_triton.parameters import config_from_pbtxt
 
 from .errors import bad_request, from_input_error
 
 OPTIONS = ("raw_scores", "truncate", "instruction")  # RerankOptions fields, passed on to the reranker
 FIELDS = {"model", "query", "documents", "top_n", "return_documents", "priority", *OPTIONS}
 PAIR_TEMPLATE_TOKENS = 256  # a pair template's own tokens at most (Qwen3's judge prompt and task: ~100)
-LONGEST_PAIR = 8192  # tokens per pair of the longest-reading family served (Qwen3 judges, XLM-RoBERTa-large)
 
 
 @dataclass(frozen=True)
@@ -38,23 +34,6 @@ class RerankRequest:
     top_n: int | None
     return_documents: bool
     parameters: dict  # the options the client set, as RerankOptions read them
-
-
-def read_limits(rerank_tokenizer_config: str) -> PairTokenizerConfig:
-    """The rerank_tokenizer model's settings (its config.pbtxt under ROSE_RERANK_*): its limits apply here."""
-    return config_from_pbtxt(PairTokenizerConfig, rerank_tokenizer_config)
-
-
-def max_pair_tokens(limits: PairTokenizerConfig) -> int:
-    """Tokens per (query, document) pair at most: rerank_tokenizer's max_length, else the
-    reranker folder's maximum when the folder is here, else LONGEST_PAIR."""
-    if limits.max_length:
-        return limits.max_length
-    try:
-        folder = ModelFolder.open(limits.model_dir)
-        return min(folder.max_length, LONGEST_PAIR) if folder.model_type == "qwen3" else folder.max_length
-    except (OSError, ValueError):
-        return LONGEST_PAIR
 
 
 def admission_tokens(request: "RerankRequest", max_pair_tokens: int) -> int:

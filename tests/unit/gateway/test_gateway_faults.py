@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gateway.app import create_app
-from gateway.backend import Backend
+from gateway.engine.backend import Backend
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from rose_client.aio import AsyncDispatcher

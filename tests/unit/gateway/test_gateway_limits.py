@@ -18,6 +18,7 @@ from engine_lib.config import PairTokenizerConfig
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
 from gateway import rerank
+from gateway.engine import routing
 from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_args
 from gateway.http_limits import limited_protocol
@@ -140,8 +141,8 @@ def test_reranking_is_admitted_by_tokens_not_documents():
     async def scenario(client, app, replica):
         return await client.post("/v1/rerank", json=body), replica.calls
 
-    tokens = rerank.admission_tokens(rerank.parse_request(body, rerank.read_limits(GatewayConfig.rerank_tokenizer_config)),
-                                     rerank.LONGEST_PAIR)
+    tokens = rerank.admission_tokens(rerank.parse_request(body, routing.read_limits(GatewayConfig.rerank_tokenizer_config)),
+                                     routing.LONGEST_PAIR)
     response, calls = run(scenario, reranker=True, max_pending_tokens=tokens - 1)
     assert response.status_code == 413 and response.json()["error"]["param"] == "documents" and not calls
     response, calls = run(scenario, reranker=True, max_pending_tokens=tokens)
@@ -161,8 +162,8 @@ def test_rerank_admission_is_an_upper_bound_on_the_tokens_run(kind, tmp_path):
         parameters = {"instruction": instruction} if instruction else {}
         request = rerank.RerankRequest(None, query, documents, None, True, parameters)
         _, seq_lens, _ = pairs.encode(query, documents, RerankOptions.from_parameters(parameters))
-        bound = rerank.admission_tokens(request, rerank.max_pair_tokens(limits))
-        assert rerank.max_pair_tokens(limits) >= pairs.max_length
+        bound = rerank.admission_tokens(request, routing.max_pair_tokens(limits))
+        assert routing.max_pair_tokens(limits) >= pairs.max_length
         assert bound >= int(seq_lens.sum()), (bound, seq_lens)
 
 

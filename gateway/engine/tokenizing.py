@@ -21,7 +21,7 @@ from engine_lib.tokenization.text import TextTokenizer
 from engine_lib.tokenization.text_input import check_count, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
-from .errors import ApiError, bad_request, from_input_error
+from ..errors import ApiError, bad_request, from_input_error
 
 log = logging.getLogger("gateway")
 
