@@ -29,9 +29,9 @@ from rose_wire import (
 )
 
 from . import cohere, compact, embeddings, rerank
-from .bodies import BodyReader
+from .http.bodies import BodyReader
 from .config import GatewayConfig, served_model_name
-from .connection_limits import ConnectionBounds
+from .http.connections import ConnectionBounds
 from .errors import ApiError, bad_request, too_large
 from .metrics import GatewayMetrics
 from .engine import liveness
@@ -274,7 +274,7 @@ def _endpoint(gateway: Gateway, name: str, handler, limited: bool = False):
 
 async def _limited(gateway: Gateway, request: Request, handler) -> Response:
     """Authorize, read the body, then take a slot of --max-concurrent-requests (past it 429):
-    a client still sending holds a connection (gateway/connection_limits.py), never a slot."""
+    a client still sending holds a connection (gateway/http/connections.py), never a slot."""
     gateway.authorize(request)
     try:
         request.state.body = await gateway.bodies.read(request)

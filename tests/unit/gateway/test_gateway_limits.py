@@ -21,7 +21,7 @@ from gateway import rerank
 from gateway.engine import routing
 from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_args
-from gateway.http_limits import limited_protocol
+from gateway.http.protocol import limited_protocol
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
 from rose_client.scheduling import RetryPolicy

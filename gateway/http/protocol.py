@@ -1,6 +1,6 @@
 """uvicorn's httptools protocol with the limits uvicorn lacks: a deadline for a
 request's headers, a bound on their size, and the connection bounds of
-gateway/connection_limits.py. Without the first two a client that sends half a request
+gateway/http/connections.py. Without the first two a client that sends half a request
 line, or endless header lines, holds its connection (and memory) for good: uvicorn's
 keep-alive timer runs only while no byte arrives between requests.
 
@@ -16,9 +16,9 @@ import logging
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .config import GatewayConfig
-from .connection_limits import PROBE_PATHS, ConnectionBounds, Refusal
-from .errors import error_body
+from ..config import GatewayConfig
+from ..errors import error_body
+from .connections import PROBE_PATHS, ConnectionBounds, Refusal
 
 log = logging.getLogger("gateway")
 
