@@ -7,7 +7,7 @@ keep-alive timer runs only while no byte arrives between requests.
 The deadline runs from the connection's start, and from each answer on a kept-alive
 connection, to the end of the next request's headers. Past it, past the size or past a
 connection bound, the client gets OpenAI's error JSON (408 / 431 / 429 / 503) and the
-connection is closed. The body's deadline is the app's (`--body-timeout`, gateway/app.py)."""
+connection is closed. The body's deadline is the body reader's (`--body-timeout`, gateway/http/bodies.py)."""
 from __future__ import annotations
 
 import asyncio

@@ -11,8 +11,8 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
 from gateway.config import DEFAULT_TOKENIZER_CONFIG
-from gateway.errors import ApiError
 from gateway.engine.tokenizing import GatewayTokenizer, TokenizeQueue
+from gateway.errors import ApiError
 
 
 @pytest.fixture(scope="module")
