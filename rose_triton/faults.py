@@ -17,11 +17,11 @@ FAULTS_ENV = "ROSE_TEST_FAULTS"  # a folder: the server's fault gate; unset (the
 log = logging.getLogger(__name__)
 
 
-def start_stub(environ: Optional[Mapping[str, str]] = None) -> None:
+def start_stub() -> None:
     """Each model's `initialize` calls it first: tracebacks on fatal signals, and the test-only
     fault gate when ROSE_TEST_FAULTS names a folder (never in a deployment)."""
     enable_tracebacks()
-    install_fault_gate(environ)
+    install_fault_gate()
 
 
 def install_fault_gate(environ: Optional[Mapping[str, str]] = None) -> None:
