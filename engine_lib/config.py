@@ -64,8 +64,6 @@ class TokenizerConfig:
     max_text_bytes: int = 1 << 20
     max_request_bytes: int = 4 << 20
     max_length: int = 0   # tokens per text at most; 0 = from the model folder
-    # Test-only (docs/operations.md): while this file exists, a request waits before it is tokenized. "" = off.
-    test_tokenize_hold_file: str = ""
     max_windows_per_text: int = 32  # chunking=mean: windows of one text at most (more: refused as too large)
 
     def __post_init__(self):
@@ -131,8 +129,6 @@ class EncoderConfig:
     # Where the int8 calibration rows are cached ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
     # never the model folder (engine_lib/service/calibration.py).
     cache_dir: str = ""
-    # Test-only (docs/operations.md): while this file exists, batches wait before their step. "" = off.
-    test_hold_file: str = ""
 
     # max_batch_tokens=auto: measured at start-up (batch_budget.py)
     AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs")

@@ -5,8 +5,8 @@ import uvicorn
 
 from .app import create_app
 from .config import parse_args
-from .connection_limits import raise_fd_limit
-from .http_limits import limited_protocol
+from .http.connections import raise_fd_limit
+from .http.protocol import limited_protocol
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Gateway settings: one frozen dataclass, built from the command line (and a
-few environment variables of the gateway's own). The tokenizer settings are the
-tokenizer models' config.pbtxt under ROSE_* (rose_triton.parameters)."""
+few environment variables of the gateway's own), and the model names they serve.
+The tokenizer settings are the tokenizer models' config.pbtxt under ROSE_*
+(rose_triton.parameters)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,12 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine_lib.config import TokenizerConfig
+from engine_lib.model_folder import DEFAULT_MODEL
+from rose_triton.models_file import read_models_file
+from rose_triton.parameters import config_from_pbtxt
+from rose_wire import RERANK
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER_CONFIG = REPO / "model_repository" / "tokenizer" / "config.pbtxt"
@@ -148,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--rerank-model-name", default=os.environ.get("ROSE_RERANK_MODEL_NAME", "rerank"))
     p.add_argument("--models-file", default=os.environ.get("ROSE_MODELS_FILE", ""),
                    help="the launcher's models file (JSON or YAML; also ROSE_MODELS_FILE): route each model it "
-                        "serves by name to its own Triton models (gateway/routing.py)")
+                        "serves by name to its own Triton models (gateway/engine/routing.py)")
     p.add_argument("--api-key-file", default=os.environ.get("ROSE_GATEWAY_API_KEY_FILE"),
                    help="require Authorization: Bearer with one of these keys (also ROSE_GATEWAY_API_KEYS)")
     p.add_argument("--allow-unauthenticated", action="store_true",
@@ -189,10 +196,30 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         workers=args.workers if args.workers is not None else default_workers())
 
 
+def served_model_name(config: GatewayConfig, model_dir_setting: str, model_dir: str) -> str:
+    """--model-name, else the default model's name, else the folder's name."""
+    if config.model_name:
+        return config.model_name
+    if model_dir_setting in ("", DEFAULT_MODEL):
+        return DEFAULT_MODEL_NAME
+    return os.path.basename(os.path.normpath(model_dir))
+
+
+def check_names(config: GatewayConfig) -> list[str]:
+    """The served names `config` gives (the default embedder's, `rerank`, the models
+    file's), refusing a named model that takes a default model's name: `python -m gateway.config`
+    runs this before the launcher starts anything, Routes again at start."""
+    setting = config_from_pbtxt(TokenizerConfig, config.tokenizer_config, model_dir=config.model_dir or None).model_dir
+    defaults = {served_model_name(config, setting, setting), config.rerank_model_name, RERANK}
+    named = [m.name for m in read_models_file(config.models_file)] if config.models_file else []
+    clash = sorted(defaults & set(named))
+    if clash:
+        raise ValueError(f"the models file serves {clash[0]!r}, a name of the default models: choose another")
+    return named
+
+
 if __name__ == "__main__":  # `python -m gateway.config ARGS`: check the settings only (scripts/serve.sh)
     try:
-        from .routing import check_names
-
         check_names(parse_args())
     except ValueError as exc:
         raise SystemExit(f"gateway: {exc}") from None

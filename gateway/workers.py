@@ -88,8 +88,8 @@ def run_worker(config: GatewayConfig, index: int, started) -> None:
     import uvicorn
 
     from .app import create_app
-    from .connection_limits import raise_fd_limit
-    from .http_limits import limited_protocol
+    from .http.connections import raise_fd_limit
+    from .http.protocol import limited_protocol
 
     raise_fd_limit()
     sock = listen(config.host, config.port)

@@ -19,9 +19,9 @@ it that is still there (model stubs included: a SIGSTOPped stub acts on nothing
 else), so no process of the old server is left; it then exits with RESTART,
 which tells serve.sh to start a fresh server. Answered errors (overload, bad
 input) and refused connections (not listening yet) are not faults. Test-only pause
-(ROSE_TEST_WATCHDOG_PAUSE_FILE, testing/hold.py): while that file exists it sends no probe
-(it still watches the stubs) and writes the file's token to `<file>.ack` between rounds,
-so a test knows none of its probes is still queued when it holds the server's work.
+(`watchdog.pause` in the ROSE_TEST_FAULTS folder, testing/hold.py): while that file exists it
+sends no probe (it still watches the stubs) and writes the file's token to `<file>.ack`
+between rounds, so a test knows none of its probes is still queued when it holds the server's work.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from rose_wire.names import served_models as triton_names
 
 RESTART = 3
 DEAD_STUB = "is not healthy"
+PAUSE_FILE_NAME = "watchdog.pause"  # in the ROSE_TEST_FAULTS folder (testing/hold.py writes it)
 # Probe outcomes: an answer (OK or an error), a dead stub, no answer in time, no connection.
 OK, ANSWERED_ERROR, DEAD, TIMEOUT, UNREACHABLE = "ok", "error", "dead stub", "timeout", "unreachable"
 
@@ -324,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     models = served_models(args.probe_rerank, named)
     judge = Judge(models, args.max_timeouts)
     stubs = StubWatch()
-    pause_file = os.environ.get("ROSE_TEST_WATCHDOG_PAUSE_FILE", "")
+    faults_folder = os.environ.get("ROSE_TEST_FAULTS", "")  # test-only, as the models' (rose_triton/faults.py)
+    pause_file = os.path.join(faults_folder, PAUSE_FILE_NAME) if faults_folder else ""
     acknowledged = None
     new_pause = (lambda: pause_token(pause_file) not in (None, acknowledged)) if pause_file else (lambda: False)
     with ThreadPoolExecutor(len(models), thread_name_prefix="probe") as pool:

@@ -1,40 +1,44 @@
-"""The encoder's and the tokenizer's test-only holds, seen from a test: gate files the test controls.
+"""The server's test-only holds, seen from a test: gate files the test controls.
 
-A server started with `hold.env` (ROSE_TEST_HOLD_FILE, EncoderConfig.test_hold_file)
-keeps the batch its encoder picked from stepping while the gate file exists, so work the
-test sent stays in flight until the test releases it, on a fast machine as on a slow one.
-Before a hold starts, the launcher's watchdog is paused (ROSE_TEST_WATCHDOG_PAUSE_FILE,
-scripts/watchdog.py) and the hold waits for its acknowledgement: no probe of its is left
-in the server's queues to take a place the test counts on, however slow the machine.
+A server started with `hold.env` (ROSE_TEST_FAULTS=<folder>, rose_triton/faults.py) holds
+a fault point of engine_lib/faults.py while the point's gate file exists in that folder:
+EncoderHold keeps the encoder from picking a batch, so work the test sent stays in flight
+until the test releases it, on a fast machine as on a slow one; TokenizerHold keeps a text
+request from being tokenized. Before a hold starts, the launcher's watchdog is paused
+(`watchdog.pause` in the same folder, scripts/watchdog.py) and the hold waits for its
+acknowledgement: no probe of its is left in the server's queues to take a place the test
+counts on, however slow the machine.
 """
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
+from engine_lib import faults
+from rose_triton.faults import FAULTS_ENV, FileGate, entered_file, gate_file
 from testing.reliability_helpers import metric_value
 from testing.waiting import wait_until
 
 
-PAUSE_ENV = "ROSE_TEST_WATCHDOG_PAUSE_FILE"
-
-
 class _GateFile:
-    """A test-only gate of the server: held while `path` exists (`with gate:` pauses the watchdog,
-    then holds; leaving releases both). `watchdog`: the server runs the launcher's watchdog."""
-    ENV = ""  # the launcher variable that points the server at the file
+    """A test-only gate of the server: `point` held while its file exists (`with gate:` pauses
+    the watchdog, then holds; leaving releases both). `watchdog`: the server runs the launcher's watchdog."""
+    POINT = ""  # the engine_lib.faults point it holds
 
     _pausing: dict[Path, int] = {}  # pause file -> gates of its server holding now (holds nest)
 
-    def __init__(self, path: Path, watchdog: bool = True):
-        self.path = path
-        self.pause = path.with_name("watchdog.pause")  # one per server folder, shared by its gates
+    def __init__(self, folder: Path, watchdog: bool = True):
+        self.folder = Path(folder)
+        self.path = gate_file(self.folder, self.POINT)
+        self.pause = self.folder / "watchdog.pause"  # scripts/watchdog.py PAUSE_FILE_NAME, shared by the gates
         self.watchdog = watchdog
         self._pausing_now = False
 
     @property
     def env(self) -> dict[str, str]:
-        return {self.ENV: str(self.path), PAUSE_ENV: str(self.pause)}
+        """What the server is started with (the same for every gate of one folder)."""
+        return {FAULTS_ENV: str(self.folder)}
 
     def __enter__(self):
         if self.watchdog:
@@ -66,20 +70,19 @@ class _GateFile:
 
 
 class EncoderHold(_GateFile):
-    ENV = "ROSE_TEST_HOLD_FILE"
-
-    def __init__(self, folder: Path, watchdog: bool = True):
-        super().__init__(Path(folder) / "encoder.hold", watchdog)
+    """The encoder's hold: while held, its scheduler picks no batch (queued requests are still
+    checked for cancellation)."""
+    POINT = faults.ENCODER_BATCH
 
 
 class TokenizerHold(_GateFile):
-    """The tokenizer's test-only hold (ROSE_TEST_TOKENIZE_HOLD_FILE, TokenizerConfig.test_tokenize_hold_file):
-    while held, a request waits before it is tokenized; `wait_entered` returns once one is inside."""
-    ENV = "ROSE_TEST_TOKENIZE_HOLD_FILE"
+    """The tokenizer's hold: while held, a text request waits before it is tokenized (in the
+    `tokenizer` model and the unary `embed` front); `wait_entered` returns once one is inside."""
+    POINT = faults.TOKENIZE
 
     def __init__(self, folder: Path, watchdog: bool = True):
-        super().__init__(Path(folder) / "tokenizer.hold", watchdog)
-        self.entered = Path(f"{self.path}.entered")
+        super().__init__(folder, watchdog)
+        self.entered = entered_file(self.folder, self.POINT)
 
     def __enter__(self):
         self.entered.unlink(missing_ok=True)
@@ -97,3 +100,14 @@ def wait_for_metric(metrics_url: str, prefix: str, at_least: float, timeout: flo
         return (value,) if value >= at_least else None
 
     return wait_until(reached, timeout, lambda: f"{prefix} to reach {at_least} {why}", 0.05)[0]
+
+
+@contextmanager
+def held_in_process(folder: Path):
+    """This process's fault points gated by the gate files in `folder` (unit tests: the hook
+    a server installs at start-up, rose_triton/faults.py), off again on leaving."""
+    faults.install(FileGate(str(folder)))
+    try:
+        yield
+    finally:
+        faults.install(None)

@@ -27,15 +27,14 @@ request with an error, refuses new ones and calls `on_fatal(reason)`; the
 default (engine_lib/service/fatal.py) exits the process so the launcher's watchdog
 restarts the server (never "ready" while hanging requests).
 
-Test-only hold (`hold_file`, EncoderConfig.test_hold_file): while that file exists the
+Test-only hold (engine_lib/faults.py, point ENCODER_BATCH): while a test holds it the
 scheduler picks no batch; queued requests stay queued (and are still checked for
-cancellation), so tests can keep work in flight on any machine. Off (""): never looked at.
+cancellation), so tests can keep work in flight on any machine. Off: one global test per pick.
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -44,6 +43,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from engine_lib import faults
 from engine_lib.contract import Engine, PackedBatch
 from engine_lib.errors import OverloadError, RequestCancelled
 from engine_lib.service.fatal import exit_process, is_sticky_device_error
@@ -104,9 +104,8 @@ class BatchingService:
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process,
-                 hold_file: str = "", batch_promote_s: float = 1.0, response_threads: int = 0):
+                 batch_promote_s: float = 1.0, response_threads: int = 0):
         self.engine = engine
-        self.hold_file = hold_file  # test-only gate, see the module docstring
         self.max_batch_tokens = max_batch_tokens
         self.failure: Optional[str] = None  # set once, when the service has failed for good
         self._on_fatal = on_fatal
@@ -220,7 +219,7 @@ class BatchingService:
             # the device's pace allows instead of frozen at one sequence.
             self._inflight.acquire()
             with self._lock:
-                while not self._closing and (not len(self._batcher) or (self.hold_file and self._held())):
+                while not self._closing and (not len(self._batcher) or (faults.hook is not None and self._held())):
                     self._lock.wait(0.01 if len(self._batcher) else None)  # held: look again soon
                 if not len(self._batcher):
                     break  # closing and drained
@@ -234,9 +233,9 @@ class BatchingService:
         self._launched.put(None)
 
     def _held(self) -> bool:
-        """Test-only hold (called under _lock with work queued): True while `hold_file` exists;
+        """Test-only hold (called under _lock with work queued): True while a test holds ENCODER_BATCH;
         queued requests whose client has gone are answered meanwhile, as at launch."""
-        if not os.path.exists(self.hold_file):
+        if not faults.held(faults.ENCODER_BATCH):
             return False
         self._drop_cancelled(self._batcher.queued(), popped=False)
         return True

@@ -5,13 +5,11 @@ The tokenizer models (`tokenizer`, `rerank_tokenizer`) and the unary fronts
 directly, all run these steps, so both paths send the encoder the same ids."""
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from engine_lib import faults
 from engine_lib.config import PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
@@ -29,16 +27,6 @@ def _required(tensors: Tensors, name: str) -> np.ndarray:
     return array
 
 
-def wait_while_held(hold_file: str) -> None:
-    """Test-only gate (TokenizerConfig.test_tokenize_hold_file): while `hold_file` exists the
-    request waits; `<hold_file>.entered` is created first, so a test knows a request is inside."""
-    if not os.path.exists(hold_file):
-        return
-    Path(hold_file + ".entered").touch()
-    while os.path.exists(hold_file):
-        time.sleep(0.01)
-
-
 class TextStep:
     """TEXT -> INPUT_IDS + SEQ_LENS + TEXT_WINDOWS (request options: input_type, truncate,
     truncation_direction, chunking; TEXT_WINDOWS is empty, one sequence a text, unless chunking)."""
@@ -47,11 +35,9 @@ class TextStep:
 
     def __init__(self, config: TokenizerConfig):
         self.tokenizer = TextTokenizer(config.model_dir, config)
-        self.hold_file = config.test_tokenize_hold_file
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
-        if self.hold_file:
-            wait_while_held(self.hold_file)
+        faults.wait(faults.TOKENIZE)  # test-only hold (engine_lib/faults.py); off: returns at once
         options = RequestOptions.from_parameters(parameters)
         texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
         if options.chunking == "mean":

@@ -89,6 +89,10 @@ class TextTokenizer:
             return None
         return eos
 
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer knows, added tokens included."""
+        return self._full.get_vocab_size(True)
+
     def decode_texts(self, raw: np.ndarray) -> list[str]:
         return decode_texts(raw, self.config)
 

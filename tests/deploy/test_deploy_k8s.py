@@ -190,7 +190,7 @@ def test_gateway_reads_its_api_keys_from_a_secret_it_cannot_start_without():
 
 
 def test_gateway_probes_use_its_liveness_and_readiness_routes():
-    from gateway.liveness import LIVENESS_PATH
+    from gateway.engine.liveness import LIVENESS_PATH
 
     gateway = gateway_container()
     assert gateway["livenessProbe"]["httpGet"] == {"path": LIVENESS_PATH, "port": "http"}

@@ -16,7 +16,7 @@ import triton_python_backend_utils as pb_utils
 from engine_lib.service.outputs import requested_outputs
 from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import relayed_error, triton_error
-from rose_triton.faults import enable_tracebacks
+from rose_triton.faults import start_stub
 from rose_triton.front import FrontConfig, exec_decoupled
 from rose_triton.parameters import (
     config_from_parameters,
@@ -29,7 +29,7 @@ from rose_triton.parameters import (
 
 class TritonPythonModel:
     def initialize(self, args):
-        enable_tracebacks()
+        start_stub()
         try:
             self.config = config_from_parameters(FrontConfig, config_parameters(args))
             self.inputs, self.outputs = input_names(args), output_names(args)

@@ -16,7 +16,7 @@ from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
 from engine_lib.tokenization.calibration import calibration_sequences
 from rose_triton.errors import triton_error
-from rose_triton.faults import enable_tracebacks
+from rose_triton.faults import start_stub
 from rose_triton.metrics import TritonMetricSink
 from rose_triton.parameters import input_names, instance_device, load_config, output_names
 from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
@@ -39,7 +39,7 @@ def _optional_input(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
-        enable_tracebacks()
+        start_stub()
         try:
             config = load_config(EncoderConfig, args)
             self.encoder = build_endpoint(dataclasses.replace(config, device=instance_device(args, config.device)),

@@ -9,13 +9,13 @@ import triton_python_backend_utils as pb_utils
 from engine_lib.errors import InputError
 from engine_lib.tokenization.steps import step_for_inputs
 from rose_triton.errors import triton_error
-from rose_triton.faults import enable_tracebacks
+from rose_triton.faults import start_stub
 from rose_triton.parameters import input_names, load_config
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        enable_tracebacks()
+        start_stub()
         try:
             self.inputs = input_names(args)
             step = step_for_inputs(self.inputs)

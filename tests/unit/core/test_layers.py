@@ -12,7 +12,7 @@ import pytest
 from testing import REPO
 
 # package -> the engine_lib packages it must not import (the shared top-level modules
-# contract, config, options, model_folder and errors are open to all).
+# contract, config, options, model_folder, errors and faults are open to all).
 FORBIDDEN = {
     "device": {"attention", "models", "runner", "service", "tokenization"},
     "attention": {"models", "runner", "service", "tokenization"},

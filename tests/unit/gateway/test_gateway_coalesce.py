@@ -1,4 +1,4 @@
-"""Requests that wait for the encoder share its calls (gateway/backend.py + rose_client/aio.py):
+"""Requests that wait for the encoder share its calls (gateway/engine/backend.py + rose_client/aio.py):
 over HTTP, against a fake replica that holds its calls until the test opens them."""
 import asyncio
 

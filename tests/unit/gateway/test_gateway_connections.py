@@ -1,4 +1,4 @@
-"""The connection bounds (gateway/connection_limits.py) on the gateway's uvicorn protocol:
+"""The connection bounds (gateway/http/connections.py) on the gateway's uvicorn protocol:
 a connection counts as receiving from a request's first byte to its body's last, past the
 bounds in all and per address it gets 503 / 429 in OpenAI's error JSON and is closed (health
 probes pass on places of their own), and past the open-connection bound (from the file
@@ -14,8 +14,8 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from gateway.config import GatewayConfig, parse_args
-from gateway.connection_limits import PROBE_PLACES, ConnectionBounds, open_connection_bound
-from gateway.http_limits import limited_protocol
+from gateway.http.connections import PROBE_PLACES, ConnectionBounds, open_connection_bound
+from gateway.http.protocol import limited_protocol
 from testing.gateway_process import GatewayProcess
 from testing.waiting import wait_until
 

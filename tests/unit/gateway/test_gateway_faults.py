@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gateway.app import create_app
-from gateway.backend import Backend
 from gateway.config import GatewayConfig
+from gateway.engine.backend import Backend
 from gateway.metrics import GatewayMetrics
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import Call

@@ -17,10 +17,11 @@ from uvicorn.server import ServerState
 from engine_lib.config import PairTokenizerConfig
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
-from gateway import rerank
+from gateway.api import openai
 from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_args
-from gateway.http_limits import limited_protocol
+from gateway.engine import routing
+from gateway.http.protocol import limited_protocol
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
 from rose_client.scheduling import RetryPolicy
@@ -140,8 +141,8 @@ def test_reranking_is_admitted_by_tokens_not_documents():
     async def scenario(client, app, replica):
         return await client.post("/v1/rerank", json=body), replica.calls
 
-    tokens = rerank.admission_tokens(rerank.parse_request(body, rerank.read_limits(GatewayConfig.rerank_tokenizer_config)),
-                                     rerank.LONGEST_PAIR)
+    limits = routing.read_limits(GatewayConfig.rerank_tokenizer_config)
+    tokens = openai.admission_tokens(openai.parse_rerank_request(body, limits), routing.LONGEST_PAIR)
     response, calls = run(scenario, reranker=True, max_pending_tokens=tokens - 1)
     assert response.status_code == 413 and response.json()["error"]["param"] == "documents" and not calls
     response, calls = run(scenario, reranker=True, max_pending_tokens=tokens)
@@ -159,10 +160,10 @@ def test_rerank_admission_is_an_upper_bound_on_the_tokens_run(kind, tmp_path):
     documents = ["paris", "the eiffel tower stands in paris " * 30, "ünïcödé 🚀 и 中文", "a , b . c"]
     for instruction in ("", "Judge by relevance") if kind == "qwen3" else ("",):
         parameters = {"instruction": instruction} if instruction else {}
-        request = rerank.RerankRequest(None, query, documents, None, True, parameters)
+        request = openai.RerankRequest(None, query, documents, None, True, parameters)
         _, seq_lens, _ = pairs.encode(query, documents, RerankOptions.from_parameters(parameters))
-        bound = rerank.admission_tokens(request, rerank.max_pair_tokens(limits))
-        assert rerank.max_pair_tokens(limits) >= pairs.max_length
+        bound = openai.admission_tokens(request, routing.max_pair_tokens(limits))
+        assert routing.max_pair_tokens(limits) >= pairs.max_length
         assert bound >= int(seq_lens.sum()), (bound, seq_lens)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.liveness import LIVENESS_PATH
+from gateway.engine.liveness import LIVENESS_PATH
 from rose_client.aio import AsyncDispatcher
 from rose_client.scheduling import RetryPolicy
 
@@ -38,16 +38,16 @@ def probe(change=None, ready=True):
         backend.dispatcher = AsyncDispatcher([REPLICA], lambda url: Slot(), 2, RetryPolicy())
         await backend.dispatcher.start()
         backend.ready = {REPLICA: ready}
-        backend._loops = [asyncio.create_task(backend._health_loop()), asyncio.create_task(backend._dns_loop())]
+        backend.loops = [asyncio.create_task(backend._health_loop()), asyncio.create_task(backend._dns_loop())]
         await asyncio.sleep(0)  # the DNS loop returns at once: no dns:/// address to refresh
-        assert backend._loops[1].done()
+        assert backend.loops[1].done()
         try:
             if change is not None:
                 await change(backend)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
                 return await client.get(LIVENESS_PATH), await client.get("/health")
         finally:
-            for task in backend._loops:
+            for task in backend.loops:
                 task.cancel()
             await backend.dispatcher.close()
 
@@ -76,14 +76,14 @@ async def kill_a_worker(backend):
 
 
 async def cancel_the_health_loop(backend):
-    backend._loops[0].cancel()
-    await asyncio.gather(backend._loops[0], return_exceptions=True)
+    backend.loops[0].cancel()
+    await asyncio.gather(backend.loops[0], return_exceptions=True)
 
 
 async def break_a_loop(backend):
     task = asyncio.create_task(failing_loop())
     await asyncio.gather(task, return_exceptions=True)
-    backend._loops.append(task)
+    backend.loops.append(task)
 
 
 async def close_the_dispatcher(backend):

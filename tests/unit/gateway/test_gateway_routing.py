@@ -1,4 +1,4 @@
-"""The gateway's `model` routing (gateway/routing.py) with a models file, against in-process fake
+"""The gateway's `model` routing (gateway/engine/routing.py) with a models file, against in-process fake
 replicas that record which Triton model each chunk went to (real servers: test_multi_model_e2e.py)."""
 import asyncio
 import json
@@ -146,7 +146,7 @@ def test_a_named_model_cannot_take_a_default_models_name(tmp_path, model_dir):
 
 def test_the_launchers_preflight_refuses_a_default_models_name(tmp_path, models_file, model_dir):
     """`python -m gateway.config` (serve.sh, before anything starts) runs check_names."""
-    from gateway.routing import check_names
+    from gateway.config import check_names
 
     assert check_names(GatewayConfig(models_file=models_file)) == ["e5", "plain", "judge", "second"]
     for name in (DEFAULT, "rerank"):

@@ -1,4 +1,4 @@
-"""Bulk tokenization (gateway/tokenizing.py TokenizeQueue): the texts of requests that wait
+"""Bulk tokenization (gateway/engine/tokenizing.py TokenizeQueue): the texts of requests that wait
 go through one encode_batch, each request gets exactly the ids it would get alone, and a
 refused or failing request does not fail the others."""
 import asyncio
@@ -11,8 +11,8 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
 from gateway.config import DEFAULT_TOKENIZER_CONFIG
+from gateway.engine.tokenizing import GatewayTokenizer, TokenizeQueue
 from gateway.errors import ApiError
-from gateway.tokenizing import GatewayTokenizer, TokenizeQueue
 
 
 @pytest.fixture(scope="module")

@@ -308,8 +308,8 @@ def test_a_killed_stub_that_is_not_the_first_stops_the_server(tmp_path, fake_tri
 
 def test_paused_it_acknowledges_each_pause_and_sends_no_probe(tmp_path, fake_triton, monkeypatch):
     server, url = fake_triton
-    pause = tmp_path / "watchdog.pause"
-    monkeypatch.setenv("ROSE_TEST_WATCHDOG_PAUSE_FILE", str(pause))
+    pause = tmp_path / watchdog.PAUSE_FILE_NAME
+    monkeypatch.setenv("ROSE_TEST_FAULTS", str(tmp_path))  # the server's fault gate folder
     process, children = tree_of_sleeps()
     thread = threading.Thread(target=watchdog.main, daemon=True,
                               args=(["--pid", str(process.pid), "--url", url, "--interval", "0.05"],))

@@ -1,14 +1,26 @@
-"""The test-only hold of BatchingService (EncoderConfig.test_hold_file): while its file
-exists no batch is picked; queued requests are still checked for cancellation (at launch
-a request is checked once: more checks prove the hold); closing ends the hold; off by
-default and set through the one config path (ROSE_TEST_HOLD_FILE)."""
+"""The test-only hold of BatchingService (engine_lib/faults.py, point ENCODER_BATCH, here
+through the file gate a server installs): while held no batch is picked; queued requests
+are still checked for cancellation (at launch a request is checked once: more checks prove
+the hold); closing ends the hold."""
 from __future__ import annotations
 
-from engine_lib.config import EncoderConfig
+import pytest
+
+from engine_lib import faults
 from engine_lib.errors import RequestCancelled
-from rose_triton.parameters import config_from_parameters
+from rose_triton.faults import gate_file
 from testing.fake_engine import FakeEngine, Replies, make_service, submit
+from testing.hold import held_in_process
 from testing.waiting import wait_until
+
+
+@pytest.fixture
+def hold(tmp_path):
+    """The encoder's gate file, held (it exists) as each test starts."""
+    with held_in_process(tmp_path):
+        path = gate_file(tmp_path, faults.ENCODER_BATCH)
+        path.touch()
+        yield path
 
 
 class Checks:
@@ -22,11 +34,9 @@ class Checks:
         return self.cancelled
 
 
-def test_a_held_batch_waits_for_the_file_to_go_then_runs(tmp_path):
-    hold = tmp_path / "hold"
-    hold.touch()
+def test_a_held_batch_waits_for_the_file_to_go_then_runs(hold):
     engine = FakeEngine()
-    service = make_service(engine, hold_file=str(hold))
+    service = make_service(engine)
     replies, checks = Replies(), Checks()
     submit(service, replies, "held", [[5, 6], [7]], is_cancelled=checks)
     wait_until(lambda: checks.calls >= 3)
@@ -40,11 +50,9 @@ def test_a_held_batch_waits_for_the_file_to_go_then_runs(tmp_path):
     service.close()
 
 
-def test_a_request_cancelled_while_held_is_answered_without_a_step(tmp_path):
-    hold = tmp_path / "hold"
-    hold.touch()
+def test_a_request_cancelled_while_held_is_answered_without_a_step(hold):
     engine = FakeEngine()
-    service = make_service(engine, hold_file=str(hold))
+    service = make_service(engine)
     replies, checks = Replies(), Checks()
     submit(service, replies, "gone", [[1, 2], [3]], is_cancelled=checks)
     wait_until(lambda: checks.calls >= 3)
@@ -57,24 +65,12 @@ def test_a_request_cancelled_while_held_is_answered_without_a_step(tmp_path):
     service.close()
 
 
-def test_closing_ends_the_hold_and_drains(tmp_path):
-    hold = tmp_path / "hold"
-    hold.touch()
+def test_closing_ends_the_hold_and_drains(hold):
     engine = FakeEngine()
-    service = make_service(engine, hold_file=str(hold))
+    service = make_service(engine)
     replies, checks = Replies(), Checks()
     submit(service, replies, "held", [[4]], is_cancelled=checks)
     wait_until(lambda: checks.calls >= 3)
     service.close(timeout=10)
     assert replies.results["held"][1] is None and engine.batches == [[[4]]]
     assert hold.exists()
-
-
-def test_the_hold_is_off_by_default_and_set_through_the_environment(tmp_path):
-    assert EncoderConfig().test_hold_file == ""
-    assert make_service(FakeEngine()).hold_file == ""
-    config = config_from_parameters(EncoderConfig, {}, {"ROSE_TEST_HOLD_FILE": str(tmp_path / "hold")})
-    assert config.test_hold_file == str(tmp_path / "hold")
-    reranker = config_from_parameters(EncoderConfig, {"env_prefix": "ROSE_RERANK_"},
-                                      {"ROSE_TEST_HOLD_FILE": str(tmp_path / "hold")})
-    assert reranker.test_hold_file == ""  # the reranker's encoder reads ROSE_RERANK_TEST_HOLD_FILE

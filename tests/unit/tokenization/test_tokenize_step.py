@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from engine_lib import faults
 from engine_lib.config import PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.tokenization.steps import PairStep, TextStep, step_for_inputs
+from rose_triton.faults import entered_file, gate_file
+from testing.hold import held_in_process
 from testing.tiny_rerankers import save_reranker
+from testing.waiting import wait_until
 
 TEXTS = ["the first text", "a second, longer text about tokenizers"]
 
@@ -108,20 +113,16 @@ def test_step_is_chosen_by_the_fronts_inputs():
 
 
 def test_the_test_hold_keeps_a_request_before_tokenizing_until_released(model_dir, tmp_path):
-    import threading
-
-    hold = tmp_path / "tokenizer.hold"
-    step = TextStep(TokenizerConfig(model_dir=model_dir, test_tokenize_hold_file=str(hold)))
-    assert step({"TEXT": as_bytes(TEXTS)}, None)["SEQ_LENS"].shape == (2,)  # no file: no hold
-    hold.touch()
-    results = []
-    worker = threading.Thread(target=lambda: results.append(step({"TEXT": as_bytes(TEXTS)}, None)), daemon=True)
-    worker.start()
-    entered = tmp_path / "tokenizer.hold.entered"
-    while not entered.exists():
-        assert worker.is_alive()
-        worker.join(0.01)
-    assert not results and worker.is_alive()
-    hold.unlink()
-    worker.join(60)
+    step = TextStep(TokenizerConfig(model_dir=model_dir))
+    with held_in_process(tmp_path):
+        assert step({"TEXT": as_bytes(TEXTS)}, None)["SEQ_LENS"].shape == (2,)  # no file: no hold
+        hold = gate_file(tmp_path, faults.TOKENIZE)
+        hold.touch()
+        results = []
+        worker = threading.Thread(target=lambda: results.append(step({"TEXT": as_bytes(TEXTS)}, None)), daemon=True)
+        worker.start()
+        wait_until(entered_file(tmp_path, faults.TOKENIZE).exists, 60, "the request to enter the hold")
+        assert not results and worker.is_alive()
+        hold.unlink()
+        worker.join(60)
     assert len(results) == 1 and results[0]["SEQ_LENS"].shape == (2,)

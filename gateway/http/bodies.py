@@ -7,8 +7,8 @@ import asyncio
 
 from starlette.requests import ClientDisconnect, Request
 
-from .config import GatewayConfig
-from .errors import ApiError, too_large
+from ..config import GatewayConfig
+from ..errors import ApiError, too_large
 
 
 class BodyReader:

@@ -21,7 +21,7 @@ from engine_lib.tokenization.text import TextTokenizer
 from engine_lib.tokenization.text_input import check_count, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
-from .errors import ApiError, bad_request, from_input_error
+from ..errors import ApiError, bad_request, from_input_error
 
 log = logging.getLogger("gateway")
 
@@ -68,7 +68,7 @@ class GatewayTokenizer:
         self.text = TextTokenizer(folder, self.config)
         self.max_length = self.text.max_length
         vocab_size = folder.config.get("vocab_size")
-        self.vocab_size = vocab_size if isinstance(vocab_size, int) else self.text._full.get_vocab_size(True)
+        self.vocab_size = vocab_size if isinstance(vocab_size, int) else self.text.vocab_size()
         hidden_size = folder.config.get("hidden_size")  # the embedding rows' width (engine_lib.models.heads)
         self.output_dim = hidden_size if isinstance(hidden_size, int) and hidden_size > 0 else None
 

@@ -25,9 +25,9 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, check_integer
 from engine_lib.tokenization.text_input import check_texts
 
-from .compact import embed_types
-from .errors import bad_request, from_input_error
-from .tokenizing import Encoded
+from ..engine.tokenizing import Encoded, GatewayTokenizer
+from ..errors import bad_request, from_input_error
+from ..http.plumbing import Gateway, json_response
 
 INPUT_TYPES = {"search_query": "query", "search_document": "document", "classification": "classification",
                "clustering": "clustering"}
@@ -40,6 +40,31 @@ UNSUPPORTED = {"images": "this gateway embeds texts only", "inputs": "send `text
 INLINE_CHARS = 16384  # as /v1/embeddings: larger inputs are tokenized in the gateway's pool
 
 
+async def embed(gateway: Gateway, request: Request) -> Response:
+    body = gateway.read_json(request)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", "model")
+    route = gateway.routes.embedder(model)  # 404 naming the served embedders
+    req = parse_embed_request(body, route.tokenizer.output_dim)
+    try:
+        check_texts(req.texts, route.tokenizer.config, "texts")
+    except InputError as exc:
+        raise from_input_error(exc) from None
+    gateway.require_ready(route.encoder)
+    if sum(map(len, req.texts)) <= INLINE_CHARS:
+        encoded = _encode(route.tokenizer, req)
+    else:
+        encoded = await asyncio.get_running_loop().run_in_executor(gateway.pool, _encode, route.tokenizer, req)
+    num_tokens = int(encoded.seq_lens.sum())
+    types = ["float" if t == "base64" else t for t in req.types]
+    job = gateway.backend.embed_types(encoded, types, req.options.dimensions, route.encoder)
+    arrays = await gateway.dispatch(request, job, num_tokens, "texts")
+    gateway.metrics.tokens.inc(num_tokens)
+    gateway.metrics.inputs.labels("embed_v2").inc(len(req.texts))
+    return json_response(render_embed(req, arrays, num_tokens))
+
+
 @dataclass(frozen=True)
 class EmbedRequest:
     model: str
@@ -48,7 +73,7 @@ class EmbedRequest:
     options: RequestOptions
 
 
-def parse_request(body: dict, width: int | None) -> EmbedRequest:
+def parse_embed_request(body: dict, width: int | None) -> EmbedRequest:
     unknown = sorted(set(body) - FIELDS - set(UNSUPPORTED))
     if unknown:
         raise bad_request(f"unknown field(s) {unknown}; known: {sorted(FIELDS)}", unknown[0])
@@ -83,7 +108,7 @@ def parse_request(body: dict, width: int | None) -> EmbedRequest:
     return EmbedRequest(model, texts, tuple(dict.fromkeys(types)), options)
 
 
-def render_response(req: EmbedRequest, arrays: dict[str, np.ndarray], num_tokens: int) -> bytes:
+def render_embed(req: EmbedRequest, arrays: dict[str, np.ndarray], num_tokens: int) -> bytes:
     embeddings = {}
     for kind in req.types:
         if kind == "base64":  # little-endian float32 bytes of each float row
@@ -96,37 +121,9 @@ def render_response(req: EmbedRequest, arrays: dict[str, np.ndarray], num_tokens
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def encode(tokenizer, req: EmbedRequest) -> Encoded:
+def _encode(tokenizer: GatewayTokenizer, req: EmbedRequest) -> Encoded:
     try:
         input_ids, seq_lens = tokenizer.text.encode(req.texts, req.options)
     except InputError as exc:  # truncate=NONE and an over-long text
         raise bad_request(str(exc).replace("TEXT[", "texts["), "texts") from None
     return Encoded(input_ids, seq_lens)
-
-
-async def embed(gateway, request: Request) -> Response:
-    from .app import json_response
-
-    gateway.authorize(request)
-    body = await gateway.read_json(request)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a string", "model")
-    route = gateway.routes.embedder(model)  # 404 naming the served embedders
-    req = parse_request(body, route.tokenizer.output_dim)
-    try:
-        check_texts(req.texts, route.tokenizer.config, "texts")
-    except InputError as exc:
-        raise from_input_error(exc) from None
-    gateway.require_ready(route.encoder)
-    if sum(map(len, req.texts)) <= INLINE_CHARS:
-        encoded = encode(route.tokenizer, req)
-    else:
-        encoded = await asyncio.get_running_loop().run_in_executor(gateway.pool, encode, route.tokenizer, req)
-    num_tokens = int(encoded.seq_lens.sum())
-    types = ["float" if t == "base64" else t for t in req.types]
-    arrays = await gateway._dispatch(request, embed_types(gateway.backend, encoded, types, req.options.dimensions,
-                                                          route.encoder), num_tokens, "texts")
-    gateway.metrics.tokens.inc(num_tokens)
-    gateway.metrics.inputs.labels("embed_v2").inc(len(req.texts))
-    return json_response(render_response(req, arrays, num_tokens))

@@ -1,13 +1,13 @@
 """uvicorn's httptools protocol with the limits uvicorn lacks: a deadline for a
 request's headers, a bound on their size, and the connection bounds of
-gateway/connection_limits.py. Without the first two a client that sends half a request
+gateway/http/connections.py. Without the first two a client that sends half a request
 line, or endless header lines, holds its connection (and memory) for good: uvicorn's
 keep-alive timer runs only while no byte arrives between requests.
 
 The deadline runs from the connection's start, and from each answer on a kept-alive
 connection, to the end of the next request's headers. Past it, past the size or past a
 connection bound, the client gets OpenAI's error JSON (408 / 431 / 429 / 503) and the
-connection is closed. The body's deadline is the app's (`--body-timeout`, gateway/app.py)."""
+connection is closed. The body's deadline is the body reader's (`--body-timeout`, gateway/http/bodies.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +16,9 @@ import logging
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .config import GatewayConfig
-from .connection_limits import PROBE_PATHS, ConnectionBounds, Refusal
-from .errors import error_body
+from ..config import GatewayConfig
+from ..errors import error_body
+from .connections import PROBE_PATHS, ConnectionBounds, Refusal
 
 log = logging.getLogger("gateway")
 

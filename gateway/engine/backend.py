@@ -1,6 +1,7 @@
 """The Triton side: replicas (DNS-resolved, health-checked), the async chunk
-dispatcher from rose_client, and the two calls the API makes, each to the Triton
-model its route names (gateway/routing.py); one dispatcher serves every model.
+dispatcher from rose_client, and the calls the API makes (embed, embed_types,
+int8_ranges, rerank), each to the Triton model its route names (gateway/engine/routing.py);
+one dispatcher serves every model.
 
 The health and DNS loops survive their own failures: an exception in one round
 is logged and the next round runs. A replica that DNS no longer lists takes no
@@ -18,13 +19,26 @@ from rose_client.chunking import Chunk, plan_chunks
 from rose_client.coalesce import Merge, parameters_key
 from rose_client.replicas import resolve_replicas
 from rose_client.scheduling import RetryPolicy
-from rose_wire import DOCUMENTS, EMBEDDINGS, INPUT_IDS, QUERY, RERANK, ROSE_ENCODER, SCORES, SEQ_LENS, TEXT_WINDOWS
+from rose_wire import (
+    DOCUMENTS,
+    EMBEDDINGS,
+    INPUT_IDS,
+    INT8_RANGES,
+    OUTPUT_OF_TYPE,
+    QUERY,
+    RERANK,
+    ROSE_ENCODER,
+    SCORES,
+    SEQ_LENS,
+    TEXT_WINDOWS,
+)
 
-from .config import GatewayConfig
-from .metrics import GatewayMetrics
+from ..config import GatewayConfig
+from ..metrics import GatewayMetrics
 from .tokenizing import Encoded
 
 log = logging.getLogger("gateway")
+TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
 
 
 class Backend:
@@ -38,7 +52,7 @@ class Backend:
         self.targets = tuple(targets)
         self.target_ready: dict[str, dict[str, bool]] = {}  # {Triton model: {replica: ready}}
         self.dispatcher: AsyncDispatcher | None = None
-        self._loops: list[asyncio.Task] = []
+        self.loops: list[asyncio.Task] = []
 
     async def start(self) -> None:
         urls = await self._resolve()
@@ -48,12 +62,12 @@ class Backend:
                                           on_retry=lambda url, exc: self.metrics.retries.labels(url).inc())
         await self.dispatcher.start()
         await self._check_health()
-        self._loops = [asyncio.create_task(self._health_loop()), asyncio.create_task(self._dns_loop())]
+        self.loops = [asyncio.create_task(self._health_loop()), asyncio.create_task(self._dns_loop())]
 
     async def close(self) -> None:
-        for task in self._loops:
+        for task in self.loops:
             task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await asyncio.gather(*self.loops, return_exceptions=True)
         if self.dispatcher is not None:
             await self.dispatcher.close()
         for channel in self.channels.values():
@@ -155,6 +169,36 @@ class Backend:
                       self.config.max_chunk_texts)
         parts = await self.dispatcher.run(chunks, call, merge=merge)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    async def embed_types(self, encoded: Encoded, types: list[str], dimensions: int,
+                          encoder: str = ROSE_ENCODER) -> dict[str, np.ndarray]:
+        """-> {type: [num_inputs, ...] array in input order} for `types` (keys of rose_wire.OUTPUT_OF_TYPE)
+        from Triton model `encoder`: it computes every type (engine_lib/service/outputs.py) and answers
+        the tensors named (requested outputs, and the same list as its `embedding_types` parameter)."""
+        names = tuple(OUTPUT_OF_TYPE[t] for t in dict.fromkeys(types))
+        parameters = {"embedding_types": ",".join(TYPE_OF_OUTPUT[n] for n in names),
+                      **({"dimensions": dimensions} if dimensions else {})}
+        chunks = plan_chunks(encoded.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
+        offsets = encoded.offsets
+
+        def call(chunk: Chunk) -> Call:
+            ids = encoded.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
+            return Call(encoder, {INPUT_IDS: ids, SEQ_LENS: encoded.seq_lens[chunk.start:chunk.stop]},
+                        names[0], parameters, rows=chunk.num_texts, outputs=names)
+
+        self.metrics.chunks.labels("embed_v2").inc(len(chunks))
+        parts = await self.dispatcher.run(chunks, call)
+        return {TYPE_OF_OUTPUT[n]: np.concatenate([p[n] for p in parts]) for n in names}
+
+    async def int8_ranges(self, dimensions: int, encoder: str = ROSE_ENCODER) -> np.ndarray:
+        """The served model's int8 ranges [2, D] (D = `dimensions`, 0: all): the encoder answers a
+        request for INT8_RANGES alone from its calibration, without running the one token sent."""
+        chunks = plan_chunks([1], 1, 1)
+        parameters = {"embedding_types": "int8_ranges", **({"dimensions": dimensions} if dimensions else {})}
+        sequence = {INPUT_IDS: np.zeros(1, dtype=np.int64), SEQ_LENS: np.ones(1, dtype=np.int64)}
+        (ranges,) = await self.dispatcher.run(chunks, lambda chunk: Call(encoder, sequence, INT8_RANGES,
+                                                                         parameters, rows=2))
+        return ranges
 
     async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
         """-> float32 [num_documents] scores from the reranker ensemble `model`, document order;

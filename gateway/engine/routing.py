@@ -6,19 +6,22 @@ replica serves it) and every model of the models file (--models-file / ROSE_MODE
 launcher's --model / --rerank-model), each under its own name with its own tokenizer
 settings and limits (rose_triton/models_file.py). `Routes.embedder(name)` and
 `Routes.reranker(name)` are the one lookup every endpoint uses; an unknown name is 404
-naming the served ones."""
+naming the served ones. A reranker's limits are its pair tokenizer's settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
 from engine_lib.config import PairTokenizerConfig
+from engine_lib.model_folder import ModelFolder
 from rose_triton.models_file import ServedModel, check_models, model_configs, read_models_file
+from rose_triton.parameters import config_from_pbtxt
 from rose_wire import DEFAULT_EMBEDDER, DEFAULT_RERANKER, EMBEDDER, RERANK, ServedModels
 
-from . import rerank
-from .errors import ApiError, model_not_found
+from ..errors import ApiError, model_not_found
 from .tokenizing import GatewayTokenizer
+
+LONGEST_PAIR = 8192  # tokens per pair of the longest-reading family served (Qwen3 judges, XLM-RoBERTa-large)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,23 @@ class RerankerRoute:
         return self.triton.ensemble
 
 
+def read_limits(rerank_tokenizer_config: str) -> PairTokenizerConfig:
+    """The rerank_tokenizer model's settings (its config.pbtxt under ROSE_RERANK_*): its limits apply here."""
+    return config_from_pbtxt(PairTokenizerConfig, rerank_tokenizer_config)
+
+
+def max_pair_tokens(limits: PairTokenizerConfig) -> int:
+    """Tokens per (query, document) pair at most: rerank_tokenizer's max_length, else the
+    reranker folder's maximum when the folder is here, else LONGEST_PAIR."""
+    if limits.max_length:
+        return limits.max_length
+    try:
+        folder = ModelFolder.open(limits.model_dir)
+        return min(folder.max_length, LONGEST_PAIR) if folder.model_type == "qwen3" else folder.max_length
+    except (OSError, ValueError):
+        return LONGEST_PAIR
+
+
 def named_routes(models: list[ServedModel], tokenizer=GatewayTokenizer) -> tuple[dict, dict]:
     """({name: EmbedderRoute}, {name: RerankerRoute}) of the models served by name."""
     embedders, rerankers = {}, {}
@@ -52,7 +72,7 @@ def named_routes(models: list[ServedModel], tokenizer=GatewayTokenizer) -> tuple
         if model.kind == EMBEDDER:
             embedders[model.name] = EmbedderRoute(model.name, tokenizer(config), model.triton)
         else:
-            rerankers[model.name] = RerankerRoute(model.name, config, rerank.max_pair_tokens(config), model.triton)
+            rerankers[model.name] = RerankerRoute(model.name, config, max_pair_tokens(config), model.triton)
     return embedders, rerankers
 
 
@@ -62,24 +82,6 @@ def read_routes(models_file: str, tokenizer=GatewayTokenizer) -> tuple[dict, dic
     models = read_models_file(models_file)
     check_models(models)
     return named_routes(models, tokenizer)
-
-
-def check_names(config) -> list[str]:
-    """The served names a GatewayConfig gives (the default embedder's, `rerank`, the models
-    file's), refusing a named model that takes a default model's name: `python -m gateway.config`
-    runs this before the launcher starts anything, Routes again at start."""
-    from engine_lib.config import TokenizerConfig
-    from rose_triton.parameters import config_from_pbtxt
-
-    from .app import served_model_name
-
-    setting = config_from_pbtxt(TokenizerConfig, config.tokenizer_config, model_dir=config.model_dir or None).model_dir
-    defaults = {served_model_name(config, setting, setting), config.rerank_model_name, RERANK}
-    named = [m.name for m in read_models_file(config.models_file)] if config.models_file else []
-    clash = sorted(defaults & set(named))
-    if clash:
-        raise ValueError(f"the models file serves {clash[0]!r}, a name of the default models: choose another")
-    return named
 
 
 class Routes:

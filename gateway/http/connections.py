@@ -6,14 +6,14 @@ per client address (`--max-receiving-per-client`, past it 429) and in all
 open connections in all by the process's file descriptor limit less a reserve, so a
 connection past it is refused with an answer (503) before accept() itself fails with EMFILE
 (where uvloop, through libuv, accepts and resets it, and asyncio stops accepting for a
-second). The protocol (gateway/http_limits.py) writes the refusal and closes the connection."""
+second). The protocol (gateway/http/protocol.py) writes the refusal and closes the connection."""
 from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
 
-from .config import GatewayConfig
-from .liveness import LIVENESS_PATH
+from ..config import GatewayConfig
+from ..engine.liveness import LIVENESS_PATH
 
 FD_RESERVE = 128  # descriptors kept for all but client connections: gRPC channels, logs, files
 # Past the whole receiving bound a request may take one of these places on probation: it is

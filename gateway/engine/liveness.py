@@ -42,7 +42,7 @@ def problems(backend) -> list[str]:
         _log_once(worker, "a dispatcher slot worker")
     if dead:
         found.append(f"{len(dead)} of {len(workers)} dispatcher slot workers ended")
-    for loop in backend._loops:
+    for loop in backend.loops:
         if _ended_badly(loop):
             name = loop.get_coro().__qualname__
             _log_once(loop, name)
