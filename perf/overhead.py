@@ -368,6 +368,8 @@ def measure(args, out_json: Path, desc: dict) -> dict:
     settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
     if args.cells:
         settings = settings.only(args.cells.split(","))
+    if args.clients:
+        settings = replace(settings, concurrencies=tuple(int(c) for c in args.clients.split(",")))
     return run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc)
 
 
