@@ -202,7 +202,10 @@ while true; do
       ${ROSE_RERANK_MODEL_DIR:+--probe-rerank} "${SERVED_MODELS_ARGS[@]}" &
     WATCHDOG_PID=$!
   fi
-  status=0
+  # Wait once whatever happens: a tritonserver that has already exited (and been reaped by bash)
+  # fails `kill -0`, but `wait` still gives its status. Again while it lives: a trapped signal ends
+  # a `wait` early.
+  status=0; wait "$TRITON_PID" || status=$?
   while kill -0 "$TRITON_PID" 2>/dev/null; do status=0; wait "$TRITON_PID" || status=$?; done
   if [[ "$STOPPING" == 1 || "$WATCHDOG" == 0 ]]; then finish "$status"; fi
   verdict=0
