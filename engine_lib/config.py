@@ -125,11 +125,12 @@ class EncoderConfig:
     num_threads: int = 0
     cpu_linear: str = "auto"  # auto | onednn | plain: CPU Linears packed for oneDNN (engine_lib/models/cpu_linear.py)
     # auto | on | off: the CPU layers through inductor, compiled at load, kernels cached under cache_dir
-    # (engine_lib/runner/cpu_compile.py). off by default: no gain measured, 20+ s more start-up (docs/engine.md).
+    # (engine_lib/runner/cpu_compile.py). off by default: no gain measured, 12-16 s more start-up (docs/engine.md).
     cpu_compile: str = "off"
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
-    # Where the int8 calibration rows (and cpu_compile's inductor kernels) are cached ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
+    # Where the int8 calibration rows and cpu_compile's inductor kernels are cached
+    # ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
     # never the model folder (engine_lib/service/calibration.py).
     cache_dir: str = ""
     # Test-only (docs/operations.md): while this file exists, batches wait before their step. "" = off.

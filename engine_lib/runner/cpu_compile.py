@@ -3,16 +3,15 @@
 `compile_layers` wraps the model (embeddings and layer stack, not the head) in
 `torch.compile`. Attention runs outside the graph (its plan's shapes and group
 count change per batch): each layer's attention call is a graph break, and the
-pieces between (LayerNorms, residual adds, GELU, the GEMMs, packed oneDNN ones
-included) are inductor kernels. At load two batches of different token counts
-compile it: the second makes every piece's token count symbolic (automatic
-dynamic shapes; only the token dimension changed), so it serves every batch;
-hidden sizes stay static, as the packed oneDNN lowering needs.
-inductor's FX graph cache in `cache_dir` makes later starts load the
+pieces between (GEMMs, GELU, residual adds with their LayerNorms) are inductor
+code. At load two batches of different token counts compile it: the second
+makes every piece's token count symbolic (automatic dynamic shapes; only the
+token dimension changed), so it serves every batch with static hidden sizes.
+Inductor's FX graph cache under `cache_dir` makes later starts load the
 kernels instead of building them. After load, a batch whose guards fail
 (e.g. one token: 0/1 specialisation) runs eagerly rather than recompiling
-while serving. If compilation fails or gives other rows, the plain forward
-serves (`auto`, one log line) or the load fails (`on`).
+while serving. Packed oneDNN Linears (models/cpu_linear.py) are refused: the
+layers must be plain. Off by default: no gain measured (docs/engine.md).
 """
 from __future__ import annotations
 
