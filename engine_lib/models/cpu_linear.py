@@ -85,12 +85,10 @@ PACKED = {nn.Linear: PackedLinear, FusedLinear: PackedLinear, LinearAct: PackedL
 PACKED_TYPES = (PackedLinear, PackedGatedLinear)
 
 
-# cpu_linear=auto packs a layer only when its weight has at least this many elements: on a 2-core EPYC
-# Qwen3-0.6B's layers ran 1.2x faster packed; all-MiniLM-L6-v2 (smallest 384 x 384) GEMM for GEMM even, but
-# its whole step faster packed (bias, GELU and residual adds in the epilogues: fewer ops); a 32-wide model's
-# step 0.15 ms slower (oneDNN's fixed cost per call), the overhead profile's 128-wide one (largest 128 x 512)
-# stays plain; docs/engine.md.
-AUTO_MIN_WEIGHT_ELEMENTS = 1 << 17
+# cpu_linear=auto packs a layer only when its weight has at least this many elements: measured on a
+# 2-core EPYC, Qwen3-0.6B's layers (1024 x 3072) ran 1.2x faster packed, all-MiniLM's (384 x 1536) even,
+# and a 32-wide model's step 0.15 ms slower (oneDNN's fixed cost per call); docs/engine.md.
+AUTO_MIN_WEIGHT_ELEMENTS = 1 << 20
 
 
 @torch.no_grad()
