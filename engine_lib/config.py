@@ -124,9 +124,13 @@ class EncoderConfig:
     max_graphs: int = 256  # graphs kept at most; batches of a key first seen after that run eagerly
     num_threads: int = 0
     cpu_linear: str = "auto"  # auto | onednn | plain: CPU Linears packed for oneDNN (engine_lib/models/cpu_linear.py)
+    # auto | on | off: the CPU layers through inductor, compiled at load, kernels cached under cache_dir
+    # (engine_lib/runner/cpu_compile.py). off by default: no gain measured, 12-16 s more start-up (docs/engine.md).
+    cpu_compile: str = "off"
     task: str = "embed"  # "embed" (EMBEDDINGS rows) or "score" (SCORES, a reranker folder)
     self_check: bool = True
-    # Where the int8 calibration rows are cached ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
+    # Where the int8 calibration rows and cpu_compile's inductor kernels are cached
+    # ("" = $XDG_CACHE_HOME/rose, else ~/.cache/rose);
     # never the model folder (engine_lib/service/calibration.py).
     cache_dir: str = ""
 
@@ -153,6 +157,8 @@ class EncoderConfig:
             raise ValueError(f"max_graph_seqs must be >= 1 (or auto), got {self.max_graph_seqs}")
         if self.cpu_linear not in ("auto", "onednn", "plain"):
             raise ValueError(f"cpu_linear must be auto, onednn or plain, got {self.cpu_linear!r}")
+        if self.cpu_compile not in ("auto", "on", "off"):
+            raise ValueError(f"cpu_compile must be auto, on or off, got {self.cpu_compile!r}")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/runner/step_threads.py)")
         if self.response_threads < 0:

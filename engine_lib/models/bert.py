@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine_lib.models.fused import FusedLinear, LinearAct
+from engine_lib.models.fused import FusedLinear, LinearAct, ResidualLinear
 from engine_lib.models.loader import CheckpointEmbedding
 
 
@@ -34,25 +34,25 @@ class BertAttention(nn.Module):
         self.num_heads = cfg["num_attention_heads"]
         self.head_dim = hidden // self.num_heads
         self.qkv = FusedLinear(hidden, (hidden, hidden, hidden))  # checkpoint query/key/value
-        self.dense = nn.Linear(hidden, hidden)
+        self.dense = ResidualLinear(hidden, hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=cfg["layer_norm_eps"])
         self.backend = backend
 
     def forward(self, hidden: torch.Tensor, plan) -> torch.Tensor:
         q, k, v = self.qkv(hidden).view(hidden.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
         context = self.backend.forward(q, k, v, plan).reshape(hidden.shape)
-        return self.LayerNorm(hidden + self.dense(context))
+        return self.LayerNorm(self.dense(context, hidden))  # residual add in the packed GEMM's epilogue
 
 
 class BertMLP(nn.Module):
     def __init__(self, cfg: dict):
         super().__init__()
         self.intermediate = LinearAct(cfg["hidden_size"], cfg["intermediate_size"], cfg.get("hidden_act", "gelu"))
-        self.output = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"])
+        self.output = ResidualLinear(cfg["intermediate_size"], cfg["hidden_size"])
         self.LayerNorm = nn.LayerNorm(cfg["hidden_size"], eps=cfg["layer_norm_eps"])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(hidden + self.output(self.intermediate(hidden)))
+        return self.LayerNorm(self.output(self.intermediate(hidden), hidden))
 
 
 class BertLayer(nn.Module):

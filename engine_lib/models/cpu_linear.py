@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from engine_lib.models.fused import ACTIVATIONS, FusedLinear, GatedLinear, LinearAct
+from engine_lib.models.fused import ACTIVATIONS, FusedLinear, GatedLinear, LinearAct, ResidualLinear
 from engine_lib.models.loader import allocate
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,13 @@ class PackedLinear(nn.Module):
         return self.ops.linear(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
 
 
+class PackedResidualLinear(PackedLinear):
+    """ResidualLinear with `+ residual` in the GEMM's epilogue (the `binary` `add` form)."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear_binary(x, residual, self.packed_weight, self.bias, "add")
+
+
 class PackedGatedLinear(nn.Module):
     """GatedLinear as two packed GEMMs: silu in the gate's epilogue, `* gate` in the up GEMM's."""
 
@@ -74,7 +81,7 @@ class PackedGatedLinear(nn.Module):
 
 
 PACKED = {nn.Linear: PackedLinear, FusedLinear: PackedLinear, LinearAct: PackedLinear,
-          GatedLinear: PackedGatedLinear}
+          ResidualLinear: PackedResidualLinear, GatedLinear: PackedGatedLinear}
 PACKED_TYPES = (PackedLinear, PackedGatedLinear)
 
 
@@ -103,7 +110,8 @@ def _probe_layers(dtype: torch.dtype) -> list[nn.Module]:
     """One small layer of every kind `pack_linears` packs, with every epilogue (weights not set:
     built on the meta device, so torch's global random state is left alone)."""
     with torch.device("meta"):
-        layers = [nn.Linear(16, 8), FusedLinear(16, (8, 4, 4)), nn.Linear(16, 8, bias=False), GatedLinear(16, 8)]
+        layers = [nn.Linear(16, 8), FusedLinear(16, (8, 4, 4)), nn.Linear(16, 8, bias=False), GatedLinear(16, 8),
+                  ResidualLinear(16, 8)]
         layers += [LinearAct(16, 8, activation) for activation in ACTIVATIONS]
     return [allocate(layer).to(dtype) for layer in layers]
 
@@ -120,8 +128,9 @@ def probe(dtype: torch.dtype) -> str | None:
             for param in layer.parameters():
                 param.copy_(torch.randn(param.shape, generator=generator) / 4)
             x = torch.randn(5, 16, generator=generator).to(dtype)
-            expected = layer(x).float()
-            got = PACKED[type(layer)](layer)(x).float()
+            extra = (torch.randn(5, 8, generator=generator).to(dtype),) if isinstance(layer, ResidualLinear) else ()
+            expected = layer(x, *extra).float()
+            got = PACKED[type(layer)](layer)(x, *extra).float()
             if got.shape != expected.shape or not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
                 return f"{type(layer).__name__} {getattr(layer, 'activation', '')} gives other rows than F.linear"
     except (AttributeError, RuntimeError, TypeError, NotImplementedError) as exc:

@@ -3,9 +3,10 @@
 A `FusedLinear` holds the concatenation (along the output dimension) of the
 checkpoint's separate projections, e.g. q/k/v or gate/up. Checkpoints keep
 their layout: the loader copies each part into its rows (`part_rows`).
-`LinearAct` is a Linear followed by its activation and `GatedLinear` Qwen3's
-silu(gate) * up, so the packed CPU path (models/cpu_linear.py) can run the
-activation in the GEMM's epilogue; parameter names stay the checkpoint's.
+`LinearAct` is a Linear followed by its activation, `ResidualLinear` one whose
+output is added to a residual, and `GatedLinear` Qwen3's silu(gate) * up, so the
+packed CPU path (models/cpu_linear.py) can run the activation or the residual add
+in the GEMM's epilogue; parameter names stay the checkpoint's.
 """
 from __future__ import annotations
 
@@ -39,6 +40,13 @@ class LinearAct(nn.Linear):
 
     def forward(self, x):
         return ACTIVATIONS[self.activation](super().forward(x))
+
+
+class ResidualLinear(nn.Linear):
+    """x W^T + b + residual (BERT's attention-output and MLP-output projections)."""
+
+    def forward(self, x, residual):
+        return super().forward(x) + residual
 
 
 class GatedLinear(FusedLinear):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import numpy as np
 import torch
@@ -16,10 +17,12 @@ from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, pack_linears,
 from engine_lib.models.heads import build_head
 from engine_lib.models.loader import allocate, load_weights
 from engine_lib.models.pooling import pool
+from engine_lib.runner import cpu_compile as compiler
 from engine_lib.runner import self_check as probes
 from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from engine_lib.runner.inputs import INPUT_IDS, POSITIONS, SEQ_IDS, TOKEN_TYPES, step_inputs
 
+log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_MODES = ("auto", "on", "off")
 
@@ -70,13 +73,17 @@ class ModelRunner:
     cpu_linear: "auto" packs every Linear for oneDNN once at load when on CPU and the
     probe passes (models/cpu_linear.py; else F.linear and one log line), "onednn"
     insists, "plain" keeps F.linear; `self.cpu_linear` says which path serves.
+
+    cpu_compile: "auto" runs the layers through inductor on CPU (runner/cpu_compile.py; compiled at
+    load, kernels cached under `compile_cache_dir`) when it compiles and gives the plain rows, else
+    the plain forward and one log line; "on" insists; "off" never. `self.cpu_compile` says which serves.
     """
 
     def __init__(self, model: ModelFolder | str, device: str = "auto", dtype: str = "auto",
                  attention_backend: str = "auto", cuda_graphs: str = "auto",
                  max_graph_tokens: int = 4096, max_graph_seqs: int = 64, max_graphs: int | None = None,
                  graph_capture: Capture | None = None, task: str = "embed", self_check: bool = True,
-                 cpu_linear: str = "auto"):
+                 cpu_linear: str = "auto", cpu_compile: str = "off", compile_cache_dir: str = ""):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
         self.model_dir = folder.path
         self.device = resolve_device(device)
@@ -97,6 +104,10 @@ class ModelRunner:
         if self.cpu_linear == "onednn":  # auto: only the layers large enough to gain (cpu_linear.py)
             smallest = AUTO_MIN_WEIGHT_ELEMENTS if cpu_linear == "auto" else 0
             self.packed_layers = pack_linears(self.model, smallest) + pack_linears(self.head, smallest)
+        self._layers = self.model  # what _forward_static runs: the model, or its compiled forward
+        self.cpu_compile = "off"
+        if compiler.wanted(cpu_compile, self.device):
+            self._compile(cpu_compile == "on", compile_cache_dir)
         self.output_dim = self.head.output_dim
         self.score_activation = self.head.activation
         self.pooling = getattr(self.head, "mode", None)
@@ -154,6 +165,34 @@ class ModelRunner:
         rows = pool(hidden, inputs.cu_seqlens, inputs.token_data[SEQ_IDS], "mean")
         return rows.float().cpu().numpy()
 
+    @torch.inference_mode()
+    def _compile(self, insist: bool, cache_dir: str) -> None:
+        """Compile the layers on the probe batch and on it less its last sequence (two token counts:
+        symbolic from then on, runner/cpu_compile.py); keep them if they give the plain forward's rows."""
+        batch = probes.probe_batch(self.vocab_size, self.model.max_positions)
+        shorter = PackedBatch.from_flat(batch.input_ids[:batch.cu_seqlens[-2]], np.diff(batch.cu_seqlens)[:-1])
+        try:
+            forward = compiler.compile_layers(self.model, self.backend, cache_dir)
+            cosine = min(self._compare(forward.compile_first, b) for b in (batch, shorter))
+        except Exception as exc:  # noqa: BLE001 - any compiler failure (no C compiler, inductor error) falls back
+            if insist:
+                raise RuntimeError(f"cpu_compile=on: compiling the CPU forward failed ({exc!r})") from exc
+            log.warning("cpu_compile=auto: the plain forward serves (compiling failed: %r)", exc)
+            return
+        if not cosine >= compiler.MIN_COSINE:
+            if insist:
+                raise RuntimeError(f"cpu_compile=on: the compiled forward's rows differ (cosine {cosine:.6f})")
+            log.warning("cpu_compile=auto: the plain forward serves (compiled rows differ, cosine %.6f)", cosine)
+            return
+        self._layers, self.cpu_compile = forward, "on"
+
+    def _compare(self, layers, batch: PackedBatch) -> float:
+        """Smallest cosine between `layers`' and the plain model's hidden state of any token of `batch`."""
+        inputs = step_inputs(batch, self.device)
+        plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
+        got, want = (self._hidden(m, inputs.token_data, plan).float().numpy() for m in (layers, self.model))
+        return float(probes.row_cosines(got, want).min())
+
     def _graph_runner(self, mode: str, max_tokens: int, max_seqs: int, max_graphs: int | None,
                       capture: Capture | None) -> GraphRunner | None:
         if mode not in GRAPH_MODES:
@@ -175,7 +214,7 @@ class ModelRunner:
         return model(token_data[INPUT_IDS], token_data[POSITIONS], plan, token_types)
 
     def _forward_static(self, token_data: torch.Tensor, cu_seqlens: torch.Tensor, plan) -> torch.Tensor:
-        hidden = self._hidden(self.model, token_data, plan)
+        hidden = self._hidden(self._layers, token_data, plan)
         return self.head(hidden, cu_seqlens, token_data[SEQ_IDS]).float()  # [num_seqs, output_dim]
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:

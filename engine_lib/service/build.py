@@ -42,7 +42,8 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     engine = ModelRunner(config.model_dir, device=config.device, dtype=config.dtype,
                     attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
                     max_graphs=config.max_graphs, task=config.task, self_check=config.self_check,
-                    cpu_linear=config.cpu_linear,
+                    cpu_linear=config.cpu_linear, cpu_compile=config.cpu_compile,
+                    compile_cache_dir=config.cache_dir or default_cache_dir(),
                     **engine_options)
     # The graph grid covers every batch the scheduler can form: up to the token budget (the
     # largest auto may pick), or one sequence of the model's maximum length, which leaves alone.
