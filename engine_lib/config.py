@@ -110,7 +110,7 @@ class EncoderConfig:
     max_batch_sequences: int = 256
     max_inflight_batches: int = 2
     # Threads that send the answers (0: the thread that finished the batch sends them; service/batching.py).
-    response_threads: int = 4
+    response_threads: int = 0
     max_queued_tokens: int = 1 << 20
     max_queued_requests: int = 2048
     # Batch-class work passed over (interactive work filled the batches) longer than this leaves first.
