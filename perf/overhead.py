@@ -42,9 +42,11 @@ PATHS = {
     "unary_http": ("text, unary `embed`, HTTP infer", True, True),
     "floor_execute": ("floor: identity decoupled Python model answering in execute, gRPC stream", False, False),
     "floor_thread": ("floor: identity decoupled Python model answering from a thread, gRPC stream", False, False),
+    "floor_ensemble": ("floor: our ensemble's shape, a tokenizer model and floor_thread doing no work, gRPC stream",
+                       False, False),
     "padded": ("text, usual Triton way (padded HF model, dynamic batcher), gRPC infer", True, True),
 }
-ONLY_CURRENT = ("floor_execute", "floor_thread", "padded")  # do not depend on our code
+ONLY_CURRENT = ("floor_execute", "floor_thread", "floor_ensemble", "padded")  # do not depend on our code
 TINY_SHAPE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json",
           "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling")
@@ -63,6 +65,27 @@ parameters [
 ]
 """
 
+FLOOR_TOKENIZER_CONFIG = """backend: "python"
+max_batch_size: 0
+input [ { name: "TEXT", data_type: TYPE_STRING, dims: [ -1 ] } ]
+output [
+  { name: "INPUT_IDS", data_type: TYPE_INT64, dims: [ -1 ] },
+  { name: "SEQ_LENS", data_type: TYPE_INT64, dims: [ -1 ] }
+]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+FLOOR_ENSEMBLE_CONFIG = """platform: "ensemble"
+max_batch_size: 0
+input [ { name: "TEXT", data_type: TYPE_STRING, dims: [ -1 ] } ]
+output [ { name: "EMBEDDINGS", data_type: TYPE_FP32, dims: [ -1, -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "floor_tokenizer" model_version: -1 input_map { key: "TEXT" value: "TEXT" }
+    output_map { key: "INPUT_IDS" value: "ids" } output_map { key: "SEQ_LENS" value: "lens" } },
+  { model_name: "floor_thread" model_version: -1 input_map { key: "INPUT_IDS" value: "ids" }
+    input_map { key: "SEQ_LENS" value: "lens" } output_map { key: "EMBEDDINGS" value: "EMBEDDINGS" } }
+] }
+"""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -72,7 +95,7 @@ class Settings:
     load_seconds: float = 6.0
     load_rounds: int = 2            # windows per server and load cell, alternating order
     concurrencies: tuple = (1, 8)
-    load_paths: tuple = ("ensemble", "tokens", "padded", "floor_execute")
+    load_paths: tuple = ("ensemble", "tokens", "padded", "floor_execute", "floor_ensemble")
     paths: tuple = tuple(PATHS)
 
     def only(self, paths: list[str]) -> "Settings":
@@ -106,6 +129,7 @@ def spec(path: str, server: TritonServer):
             "unary_http": TritonUnary(server.http_url, "embed", "http"),
             "floor_execute": RoseStream(server.grpc_url, pre_tokenized=True, model="floor_execute"),
             "floor_thread": RoseStream(server.grpc_url, pre_tokenized=True, model="floor_thread"),
+            "floor_ensemble": RoseStream(server.grpc_url, model="floor_ensemble"),
             "padded": TritonUnary(server.grpc_url, "hf_padded", batch_dim=True)}[path]
 
 
@@ -134,11 +158,16 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
 
 
 def write_floor_repository(folder: Path, dim: int) -> Path:
-    """Two floor models (perf/floor_model.py) answering zeros from execute or from a thread."""
-    for name, answer_from in (("floor_execute", "execute"), ("floor_thread", "thread")):
+    """The floor models (perf/floor_model.py): answering zeros from execute or from a thread, and
+    floor_ensemble (a tokenizer model answering one token a text at once, chained to floor_thread)."""
+    configs = {"floor_execute": FLOOR_CONFIG.format(dim=dim, answer_from="execute"),
+               "floor_thread": FLOOR_CONFIG.format(dim=dim, answer_from="thread"),
+               "floor_tokenizer": FLOOR_TOKENIZER_CONFIG, "floor_ensemble": FLOOR_ENSEMBLE_CONFIG}
+    for name, config in configs.items():
         (folder / name / "1").mkdir(parents=True, exist_ok=True)
-        (folder / name / "config.pbtxt").write_text(FLOOR_CONFIG.format(dim=dim, answer_from=answer_from))
-        shutil.copy2(REPO / "perf" / "floor_model.py", folder / name / "1" / "model.py")
+        (folder / name / "config.pbtxt").write_text(config)
+        if name != "floor_ensemble":
+            shutil.copy2(REPO / "perf" / "floor_model.py", folder / name / "1" / "model.py")
     return folder
 
 
@@ -339,6 +368,8 @@ def measure(args, out_json: Path, desc: dict) -> dict:
     settings = Settings().scaled(args.scale) if args.scale != 1 else Settings()
     if args.cells:
         settings = settings.only(args.cells.split(","))
+    if args.clients:
+        settings = replace(settings, concurrencies=tuple(int(c) for c in args.clients.split(",")))
     return run(args.model_dir, args.compare.split(",") if args.compare else [], settings, out_json, desc)
 
 

@@ -19,6 +19,7 @@ from engine_lib.errors import InputError
 from engine_lib.model_folder import SCORING_ARCHITECTURES, ModelFolder, scoring_architecture
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.long_text import cut_long_text
+from engine_lib.tokenization.ragged import flatten
 from engine_lib.tokenization.text import load_tokenizer
 from engine_lib.tokenization.text_input import decode_texts
 from rose_wire import DOCUMENTS, QUERY
@@ -79,9 +80,8 @@ class PairTokenizer:
             ids, types = self._encode_judge(query, documents, options), None
         else:
             ids, types = self._encode_pairs(query, documents, options)
-        seq_lens = np.fromiter((len(s) for s in ids), dtype=np.int64, count=len(ids))
-        flat = lambda seqs: np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(seq_lens.sum()))
-        return flat(ids), seq_lens, flat(types) if types is not None else np.zeros(0, dtype=np.int64)
+        input_ids, seq_lens = flatten(ids)
+        return input_ids, seq_lens, flatten(types)[0] if types is not None else np.zeros(0, dtype=np.int64)
 
     def _too_long(self, i: int, num_tokens: int) -> InputError:
         return InputError(f"DOCUMENTS[{i}] with the query is {num_tokens} tokens, more than the model's maximum "

@@ -12,6 +12,7 @@ from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.long_text import cut_long_text
+from engine_lib.tokenization.ragged import flatten
 from engine_lib.tokenization.text_input import decode_texts
 from rose_wire import TEXT
 
@@ -133,10 +134,7 @@ class TextTokenizer:
             encodings = [ids + [self.append_eos_id] for ids in encodings]
         for r, result in enumerate(results):
             if result is None:
-                rows = encodings[starts[r]:starts[r + 1]]
-                seq_lens = np.fromiter((len(ids) for ids in rows), dtype=np.int64, count=len(rows))
-                results[r] = (np.fromiter((t for ids in rows for t in ids), dtype=np.int64,
-                                          count=int(seq_lens.sum())), seq_lens)
+                results[r] = flatten(encodings[starts[r]:starts[r + 1]])
         return results
 
     def encode_windows(self, texts: Sequence[str], options: RequestOptions
@@ -158,8 +156,7 @@ class TextTokenizer:
                                     f"(max_windows_per_text); split it", TEXT)
             windows += parts
             counts.append(len(parts))
-        seq_lens = np.fromiter((len(w) for w in windows), dtype=np.int64, count=len(windows))
-        input_ids = np.fromiter((t for w in windows for t in w), dtype=np.int64, count=int(seq_lens.sum()))
+        input_ids, seq_lens = flatten(windows)
         return input_ids, seq_lens, np.array(counts, dtype=np.int64)
 
     def _windows(self, templated: str, prefix_chars: int) -> list[list[int]]:

@@ -17,6 +17,7 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
+from engine_lib.tokenization.ragged import flatten
 from engine_lib.tokenization.text import TextTokenizer
 from engine_lib.tokenization.text_input import check_count, check_texts
 from rose_triton.parameters import config_from_pbtxt
@@ -117,9 +118,8 @@ class GatewayTokenizer:
                                       f"{self.max_length}, and truncate=false", "input")
                 ids = ids[-self.max_length:] if direction == "left" else ids[:self.max_length]
             rows.append(ids)
-        seq_lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         try:
-            input_ids = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(seq_lens.sum()))
+            input_ids, seq_lens = flatten(rows)
         except OverflowError:
             raise bad_request(f"input holds a token id outside [0, {self.vocab_size})", "input") from None
         bad = (input_ids < 0) | (input_ids >= self.vocab_size)

@@ -1,5 +1,5 @@
-"""`--profile perf_analyzer`: Triton's perf_analyzer, concurrency x texts per request on `ensemble` (--streaming)
-and `embed`; other sizes: `python -m perf.perf_analyzer.sweep --concurrency 1,2,4,8 --sizes 1,8,32`."""
+"""`--profile perf_analyzer`: Triton's perf_analyzer, concurrency (--clients, default 1,4,16,64,128) x 1 and 8 texts
+of 128 tokens a request on `ensemble` (--streaming) and `embed`; other sizes: `python -m perf.perf_analyzer.sweep --concurrency 1,2,4,8 --sizes 1,8,32`."""
 from __future__ import annotations
 
 import argparse
@@ -84,7 +84,7 @@ def markdown(results: dict) -> str:
     lines = [f"# perf_analyzer sweep ({results['seq_len']}-token texts)", "",
              f"{m.get('date', '')}, {m.get('cpu', '')} ({m.get('cores', '?')} cores), GPU {m.get('gpu')}, "
              f"commit `{m.get('git_commit', '')}`; perf_analyzer 2.60.0 (PyPI), gRPC; `ensemble` with "
-             "--streaming, `embed` unary.", "",
+             f"--streaming, `embed` unary; model: {results.get('served_model', 'not recorded')}.", "",
              "| entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
              "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
@@ -98,11 +98,14 @@ def measure(args, out_json, machine: dict) -> dict:
     if not args.grpc_url:
         admin_key = secrets.token_hex(16)
         server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600,
-                              admin_key=admin_key)
+                              admin_key=admin_key, env={"ROSE_MODEL_DIR": args.model_dir} if args.model_dir else {})
+    clients = [int(c) for c in args.clients.split(",")] if args.clients else [1, 4, 16, 64, 128]
     try:
-        return sweep(args.grpc_url or server.grpc_url, [1, 2, 4, 8], [1, 8, 32], 128,
-                     args.cells.split(",") if args.cells else list(ENTRIES), max(4, int(50 * args.scale)),
-                     admin_key=admin_key)
+        results = sweep(args.grpc_url or server.grpc_url, clients, [1, 8], 128,
+                        args.cells.split(",") if args.cells else list(ENTRIES), max(4, int(50 * args.scale)),
+                        admin_key=admin_key)
+        results["served_model"] = args.model_dir or "the embedded all-MiniLM-L6-v2"
+        return results
     finally:
         if server is not None:
             server.stop()
