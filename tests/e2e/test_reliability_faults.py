@@ -177,7 +177,7 @@ def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
     for error in refused:
         assert error is not None and error.code == 400, error  # Triton 2.51's generate answers every error with 400
         assert "Exceeds maximum queue size" in error.read().decode()
-    assert released == [None] * TOKENIZER_HOLDS
+    assert released == [None] * TOKENIZER_HOLDS, [e if e is None else e.read().decode() for e in released]
 
 
 def test_unary_front_tokenizes_with_the_tokenizer_models_config(limited):
