@@ -109,8 +109,6 @@ class EncoderConfig:
     max_batch_tokens: int = 8192
     max_batch_sequences: int = 256
     max_inflight_batches: int = 2
-    # Threads that send the answers (0: the thread that finished the batch sends them; service/batching.py).
-    response_threads: int = 0
     max_queued_tokens: int = 1 << 20
     max_queued_requests: int = 2048
     # Batch-class work passed over (interactive work filled the batches) longer than this leaves first.
@@ -161,8 +159,6 @@ class EncoderConfig:
             raise ValueError(f"cpu_compile must be auto, on or off, got {self.cpu_compile!r}")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0 = auto: engine_lib/runner/step_threads.py)")
-        if self.response_threads < 0:
-            raise ValueError(f"response_threads must be >= 0, got {self.response_threads}")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "EncoderConfig":

@@ -5,11 +5,7 @@ from the PriorityBatcher and launches it (`engine.step` returns a LazyTensor at
 once); at most `max_inflight_batches` are in flight, so batch N+1 is prepared
 and launched while batch N runs. The completion thread waits on LazyTensors in launch
 order, scatters rows into their requests and calls each request's `on_done`
-exactly once, when all its sequences are done (or with an error). With
-`response_threads` > 0 the `on_done` calls run on that many answer threads
-instead: in Triton's Python backend a response send waits for the server
-process to take it (an IPC round trip, the GIL released), so sends overlap
-each other and the next batch's launch instead of queueing behind one thread. No request
+exactly once, when all its sequences are done (or with an error). No request
 is dropped silently: a step whose rows do not match its sequences fails those
 requests, and if `on_done` raises on a result it is called once more, with
 the error. A result
@@ -104,7 +100,7 @@ class BatchingService:
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process,
-                 batch_promote_s: float = 1.0, response_threads: int = 0):
+                 batch_promote_s: float = 1.0):
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
         self.failure: Optional[str] = None  # set once, when the service has failed for good
@@ -131,14 +127,8 @@ class BatchingService:
                                            name="rose-scheduler", daemon=True)
         self._completer = threading.Thread(target=self._guarded, args=(self._complete_loop,),
                                            name="rose-completion", daemon=True)
-        # (request, error) to answer, when answer threads send the responses; None ends one thread.
-        self._answers: Optional[queue.SimpleQueue] = queue.SimpleQueue() if response_threads > 0 else None
-        self._answerers = [threading.Thread(target=self._guarded, args=(self._answer_loop,),
-                                            name=f"rose-answer-{i}", daemon=True) for i in range(response_threads)]
         self._scheduler.start()
         self._completer.start()
-        for thread in self._answerers:
-            thread.start()
 
     def submit(self, input_ids: np.ndarray, seq_lens: Sequence[int], on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None,
@@ -202,15 +192,6 @@ class BatchingService:
             self._lock.notify_all()
         self._scheduler.join(timeout)
         self._completer.join(timeout)
-        self._stop_answerers(timeout)
-
-    def _stop_answerers(self, timeout: float) -> None:
-        """After the last answer is queued: each answer thread sends what is queued, then ends."""
-        for _ in self._answerers:
-            self._answers.put(None)
-        for thread in self._answerers:
-            if thread is not threading.current_thread():
-                thread.join(timeout)
 
     def _schedule_loop(self) -> None:
         while True:
@@ -290,12 +271,6 @@ class BatchingService:
                      "launcher restarts the server", reason, len(pending))
         for key, request in pending:
             self._finish(key, request, RuntimeError(f"the encoder failed and is restarting: {reason}"))
-        if self._answers is not None:  # the error answers leave before the process may end
-            self._stop_answerers(5.0)
-            while not self._answers.empty():  # the thread that died may have been the only one
-                item = self._answers.get()
-                if item is not None:
-                    self._answer(*item)
         self._on_fatal(reason)
 
     def _drop_cancelled(self, scheduled: list[ScheduledSequence], popped: bool = True) -> list[ScheduledSequence]:
@@ -391,18 +366,6 @@ class BatchingService:
                 return
             request.finished = True
             self._requests.pop(key, None)
-        if self._answers is not None:
-            self._answers.put((request, error))
-        else:
-            self._answer(request, error)
-
-    def _answer_loop(self) -> None:
-        while (item := self._answers.get()) is not None:
-            self._answer(*item)
-
-    def _answer(self, request: _PooledRequest, error: Optional[Exception]) -> None:
-        """Call the request's `on_done` once with its rows, or with `error`; if it raises on the
-        rows, once more with that error."""
         if error is None:
             try:
                 request.on_done(request.rows, None)

@@ -67,6 +67,5 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
         calibration = calibration_for(engine, config.cache_dir, calibration_sequences)
     return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
                                     config.max_inflight_batches, config.max_queued_tokens,
-                                    config.max_queued_requests, batch_promote_s=config.batch_promote_ms / 1000,
-                                    response_threads=config.response_threads),
+                                    config.max_queued_requests, batch_promote_s=config.batch_promote_ms / 1000),
                     calibration=calibration)

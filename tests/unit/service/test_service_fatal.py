@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
 import pytest
 
 from engine_lib.errors import OverloadError
@@ -54,32 +53,6 @@ def test_scheduler_thread_death_fails_pending_requests_and_calls_on_fatal():
         submit(service, replies, i, [[5, 6, 7]])
     engine.gate.set()
     assert_failed_for_good(service, fatal, replies, 3, "rose-scheduler thread died")
-
-
-class InjectedDeath(BaseException):
-    """Escapes the service's `except Exception` guards, as a bug in its own code would."""
-
-
-def test_the_only_answer_thread_dying_still_answers_every_pending_request():
-    engine, fatal = FakeEngine(), FatalRecorder()
-    service = make_service(engine, on_fatal=fatal, response_threads=1)
-
-    def broken_send(rows, error):
-        raise InjectedDeath()
-
-    engine.gate.clear()  # the pending requests wait behind the first batch
-    service.submit(np.array([1, 2], dtype=np.int64), [2], broken_send)
-    replies = Replies()
-    for i in range(3):
-        submit(service, replies, i, [[5, 6, 7]])
-    engine.gate.set()
-    assert fatal.called.wait(60) and "rose-answer-0 thread died" in fatal.reasons[0]
-    replies.wait_for(3)  # each exactly once (Replies asserts it): its rows if computed, else the error
-    for i in range(3):
-        rows, error = replies.results[i]
-        assert (error is None and rows is not None) or "restarting" in str(error)
-    with pytest.raises(OverloadError, match="has failed"):
-        submit(service, replies, "late", [[1, 2]])
 
 
 def test_completion_thread_death_fails_pending_requests_and_calls_on_fatal():

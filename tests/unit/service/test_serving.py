@@ -20,10 +20,9 @@ def random_request(rng, max_seqs=6):
     return [[rng.randrange(1, 1000) for _ in range(rng.randrange(1, 40))] for _ in range(rng.randrange(1, max_seqs))]
 
 
-@pytest.mark.parametrize("response_threads", [0, 3])
-def test_every_request_gets_its_own_rows_exactly_once(response_threads):
+def test_every_request_gets_its_own_rows_exactly_once():
     rng = random.Random(0)
-    service = make_service(FakeEngine(), max_inflight_batches=2, response_threads=response_threads)
+    service = make_service(FakeEngine(), max_inflight_batches=2)
     replies, requests = Replies(), {}
 
     def client(worker):
@@ -195,9 +194,8 @@ def test_rows_not_matching_the_batch_fail_its_requests_with_an_error(handed_off)
     assert service.metrics.total("rose_requests_total", outcome="error") == 1
 
 
-@pytest.mark.parametrize("response_threads", [0, 2])
-def test_a_response_callback_that_fails_on_the_result_is_answered_with_the_error(response_threads):
-    service = make_service(FakeEngine(), response_threads=response_threads)
+def test_a_response_callback_that_fails_on_the_result_is_answered_with_the_error():
+    service = make_service(FakeEngine())
     calls, answered = [], threading.Event()
 
     def on_done(rows, error):
@@ -218,10 +216,9 @@ def test_a_response_callback_that_fails_on_the_result_is_answered_with_the_error
     assert service.metrics.total("rose_requests_total", outcome="ok") == 1  # only "next"
 
 
-@pytest.mark.parametrize("response_threads", [0, 2])
-def test_close_drains_then_refuses(response_threads):
+def test_close_drains_then_refuses():
     engine = FakeEngine()
-    service = make_service(engine, response_threads=response_threads)
+    service = make_service(engine)
     replies = Replies()
     for i in range(10):
         submit(service, replies, i, [[i + 1] * 7])
@@ -292,28 +289,3 @@ def test_ready_results_are_answered_without_a_hand_off_and_pending_ones_by_the_c
     wait_until(lambda: "pending" in threads)
     service.close()
     assert threads == {"ready": "rose-scheduler", "pending": "rose-completion"}
-
-
-def test_a_send_that_waits_holds_neither_the_next_batches_nor_the_other_answers():
-    """With answer threads, a response whose send blocks (in Triton: waiting for the server
-    process) holds only itself: later batches launch and their requests are answered."""
-    engine = FakeEngine()
-    service = make_service(engine, max_batch_sequences=1, response_threads=2)
-    release, entered = threading.Event(), threading.Event()
-    answered = []
-
-    def slow_send(rows, error):
-        entered.set()
-        assert release.wait(60), "the test never released the send"
-        answered.append("slow")
-
-    service.submit(np.array([1, 2], dtype=np.int64), [2], slow_send)
-    assert entered.wait(60)
-    replies = Replies()
-    for i in range(6):  # one sequence a batch: six more batches
-        submit(service, replies, i, [[i + 1]])
-    replies.wait_for(6)
-    assert answered == [] and len(engine.batches) == 7
-    release.set()
-    service.close()
-    assert answered == ["slow"]
