@@ -1,14 +1,72 @@
-"""The contract between the service and the runner: `PackedBatch` in, `LazyTensor` out, `Engine` between.
+"""The engine's plain data: `RaggedTokens` from a tokenizer to the service, `PackedBatch` from the
+service to the runner, `LazyTensor` back, `Engine` between.
 
-Plain data and protocols only (numpy, no torch): the service, the scheduler
-and their fakes import this, never the runner."""
+Plain data and protocols only (numpy, no torch): the tokenizers, the gateway, the service, the
+scheduler and their fakes import this, never the runner."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class RaggedTokens:
+    """One request's token sequences end to end, no padding, and its options: what every tokenizer
+    (the tokenizer models, the unary fronts, the gateway) hands the encoder, and what the service
+    queues (a batch takes slices of it into its PackedBatch, service/batching.py `gather`).
+
+    Built from token lists by `from_rows`; the encoder rebuilds it from the wire tensors after
+    checking them (service/endpoint.py `check_request`)."""
+    input_ids: np.ndarray                  # [num_tokens] int64, all sequences concatenated
+    seq_lens: np.ndarray                   # [num_seqs] int64, each >= 1
+    token_types: np.ndarray | None = None  # [num_tokens] int64 segment ids (BERT pairs); None: all 0
+    windows: np.ndarray | None = None      # [num_texts] int64 sequences per text (chunking=mean); None: one each
+    options: Any = None                    # the request's RequestOptions or RerankOptions
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[int]], type_rows: Sequence[Sequence[int]] | None = None,
+                  windows: Sequence[int] | None = None, options: Any = None) -> "RaggedTokens":
+        """Token id lists (and their segment id lists, and sequences per text) -> the ragged form."""
+        return cls(_flat(rows), np.array([len(r) for r in rows], dtype=np.int64),
+                   None if type_rows is None else _flat(type_rows),
+                   None if windows is None else np.asarray(windows, dtype=np.int64), options)
+
+    @cached_property
+    def lengths(self) -> list[int]:
+        """`seq_lens` as Python ints (the scheduler's per-sequence bookkeeping)."""
+        return self.seq_lens.tolist()
+
+    @property
+    def num_texts(self) -> int:
+        return len(self.seq_lens) if self.windows is None else len(self.windows)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Sequence i's ids are input_ids[offsets[i]:offsets[i + 1]]."""
+        return np.concatenate([[0], np.cumsum(self.seq_lens)])
+
+    @property
+    def window_offsets(self) -> np.ndarray:
+        """Text i's sequences are seq_lens[window_offsets[i]:window_offsets[i + 1]]."""
+        counts = self.windows if self.windows is not None else np.ones(len(self.seq_lens), dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(counts)])
+
+    @property
+    def text_tokens(self) -> list[int]:
+        """Tokens per text (all its windows')."""
+        if self.windows is None:
+            return self.lengths
+        return np.add.reduceat(self.seq_lens, self.window_offsets[:-1]).tolist()
+
+
+def _flat(rows: Sequence[Sequence[int]]) -> np.ndarray:
+    if len(rows) == 1:
+        return np.array(rows[0], dtype=np.int64)
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=sum(map(len, rows)))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import torch
 from transformers import Qwen3Config, Qwen3Model
 
 from engine_lib.config import EncoderConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.options import RequestOptions
 from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.service.build import build_endpoint
@@ -91,7 +92,7 @@ def embed(endpoint, request, timeout: float = 120.0) -> np.ndarray:
         box["rows"], box["error"] = rows, error
         done.set()
 
-    endpoint.submit(request.input_ids, request.seq_lens, RequestOptions(), on_done)
+    endpoint.submit(RaggedTokens(request.input_ids, request.seq_lens, options=RequestOptions()), on_done)
     if not done.wait(timeout):
         raise TimeoutError("request not answered")
     if box["error"] is not None:

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.service.batching import BatchingService
 
 
@@ -78,9 +79,8 @@ class Replies:
 def submit(service, replies, name, seqs, token_types=None, **kwargs):
     """One request of validated sequences straight to the service (raw rows back);
     `token_types`: segment ids per sequence, as `seqs`."""
-    flat = lambda parts: np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
-    return service.submit(flat(seqs), [len(s) for s in seqs], replies.callback(name),
-                          token_types=None if token_types is None else flat(token_types), **kwargs)
+    tokens = RaggedTokens.from_rows([list(s) for s in seqs], None if token_types is None else [list(t) for t in token_types])
+    return service.submit(tokens, replies.callback(name), **kwargs)
 
 
 def make_service(engine, **kwargs):

@@ -35,12 +35,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
 from engine_lib import faults
-from engine_lib.contract import Engine, PackedBatch
+from engine_lib.contract import Engine, PackedBatch, RaggedTokens
 from engine_lib.errors import OverloadError, RequestCancelled
 from engine_lib.service.fatal import exit_process, is_sticky_device_error
 from engine_lib.service.metrics import EncoderMetrics
@@ -53,8 +53,7 @@ DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
 
 @dataclass
 class _PooledRequest:
-    input_ids: np.ndarray  # [num_tokens] int64, the request's sequences end to end (never split)
-    token_types: Optional[np.ndarray]  # [num_tokens] int64 segment ids (BERT pairs), or None (all 0)
+    tokens: RaggedTokens  # validated (endpoint.py); its sequences are never split
     on_done: DoneCallback
     rows: np.ndarray
     remaining: int
@@ -83,11 +82,11 @@ def gather(scheduled: list[ScheduledSequence], requests: list[_PooledRequest]) -
             runs[-1] = (request, runs[-1][1], seq.start + seq.num_tokens)
         else:
             runs.append((request, seq.start, seq.start + seq.num_tokens))
-    input_ids = _join([r.input_ids[a:b] for r, a, b in runs])
+    input_ids = _join([r.tokens.input_ids[a:b] for r, a, b in runs])
     token_types = None
-    if any(r.token_types is not None for r, _, _ in runs):
-        token_types = _join([np.zeros(b - a, dtype=np.int64) if r.token_types is None else r.token_types[a:b]
-                             for r, a, b in runs])
+    if any(r.tokens.token_types is not None for r, _, _ in runs):
+        token_types = _join([np.zeros(b - a, dtype=np.int64) if r.tokens.token_types is None
+                             else r.tokens.token_types[a:b] for r, a, b in runs])
     return PackedBatch.from_flat(input_ids, [s.num_tokens for s in scheduled], token_types)
 
 
@@ -130,21 +129,19 @@ class BatchingService:
         self._scheduler.start()
         self._completer.start()
 
-    def submit(self, input_ids: np.ndarray, seq_lens: Sequence[int], on_done: DoneCallback,
-               is_cancelled: Optional[Callable[[], bool]] = None,
-               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None,
+    def submit(self, tokens: RaggedTokens, on_done: DoneCallback,
+               is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None,
                priority: str = INTERACTIVE) -> int:
-        """Queue one request (already validated, see endpoint.py): flat int64 `input_ids`, its
-        sequences' lengths `seq_lens` (Python ints), optional flat `token_types` (segment ids),
-        its scheduling class `priority` (interactive or batch); raises OverloadError before queuing anything. `on_done(rows, error)` gets the raw rows
-        [len(seq_lens), engine.output_dim] in order.
+        """Queue one request's `tokens` (already validated, see endpoint.py) in the scheduling class
+        `priority` (interactive or batch); raises OverloadError before queuing anything.
+        `on_done(rows, error)` gets the raw rows [num_seqs, engine.output_dim] in order.
 
         `is_cancelled` is polled when the request's sequences are about to launch
         (see cancel_check_interval); once it says True, the still-queued
         sequences are dropped and `on_done` gets a RequestCancelled error. `received_at`
         (time.perf_counter) starts the request's hop timing (rose_hop_seconds_total).
         """
-        num_tokens = len(input_ids)
+        num_tokens, lengths = len(tokens.input_ids), tokens.lengths
         with self._lock:
             refusal = self._refusal(num_tokens)
             if refusal is not None:
@@ -152,10 +149,10 @@ class BatchingService:
                 self.metrics.count("rose_refused_total", reason=reason)
                 raise OverloadError(message)
             key = next(self._ids)
-            rows = np.empty((len(seq_lens), self.output_dim), dtype=np.float32)
-            self._requests[key] = _PooledRequest(input_ids, token_types, on_done, rows, len(seq_lens), is_cancelled,
-                                                 priority, time.monotonic(), received=received_at or time.perf_counter())
-            self._batcher.add(key, seq_lens, priority)
+            rows = np.empty((len(lengths), self.output_dim), dtype=np.float32)
+            self._requests[key] = _PooledRequest(tokens, on_done, rows, len(lengths), is_cancelled, priority,
+                                                 time.monotonic(), received=received_at or time.perf_counter())
+            self._batcher.add(key, lengths, priority)
             self._lock.notify()
         return key
 

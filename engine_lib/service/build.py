@@ -6,28 +6,29 @@ import os
 from typing import Callable, Optional
 
 from engine_lib.config import AUTO, EncoderConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.model_folder import folder_fingerprint
 from engine_lib.runner.step_threads import StepThreads, flops_per_token
 from engine_lib.service.batching import BatchingService
-from engine_lib.service.calibration import Calibration, Sequences, cache_key, default_cache_dir
+from engine_lib.service.calibration import Calibration, cache_key, default_cache_dir
 from engine_lib.service.endpoint import Endpoint
 
 log = logging.getLogger(__name__)
 
 
-def calibration_for(engine, cache_dir: str, sequences: Callable[[str], Sequences]) -> Calibration:
+def calibration_for(engine, cache_dir: str, sequences: Callable[[str], RaggedTokens]) -> Calibration:
     """The engine's int8 calibration: `sequences(model_dir)` tokenizes the calibration texts
     (engine_lib/tokenization/calibration.py); rows cached under `cache_dir` ("" = default_cache_dir())."""
     directory = os.path.join(cache_dir or default_cache_dir(), "calibration")
     kind = f"{engine.device.type}:{engine.dtype}"
 
-    def cache_file(seqs: Sequences) -> str:
+    def cache_file(seqs: RaggedTokens) -> str:
         return os.path.join(directory, cache_key(folder_fingerprint(engine.model_dir), seqs, kind) + ".npy")
 
     return Calibration(lambda: sequences(engine.model_dir), cache_file)
 
 
-def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callable[[str], Sequences]] = None,
+def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callable[[str], RaggedTokens]] = None,
                    **engine_options) -> Endpoint:
     """`engine_options` go to ModelRunner as they are (tests and the GPU check inject a graph capture).
     `calibration_sequences(model_dir)`: the int8 calibration's token ids (embedding task only; None: no

@@ -22,14 +22,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.options import RequestOptions
 from engine_lib.service.outputs import finish_rows
 from engine_lib.service.quantize import min_max
 
 log = logging.getLogger(__name__)
-
-Sequences = tuple[np.ndarray, list[int]]  # flat ids, lengths
-
 
 def default_cache_dir() -> str:
     """$XDG_CACHE_HOME/rose, else ~/.cache/rose."""
@@ -37,18 +35,17 @@ def default_cache_dir() -> str:
     return os.path.join(base, "rose")
 
 
-def cache_key(folder_fingerprint: str, sequences: Sequences, engine_kind: str) -> str:
-    ids, lens = sequences
+def cache_key(folder_fingerprint: str, sequences: RaggedTokens, engine_kind: str) -> str:
     digest = hashlib.sha256(f"{folder_fingerprint}\0{engine_kind}\0".encode())
-    digest.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
-    digest.update(np.asarray(lens, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(sequences.input_ids, dtype=np.int64).tobytes())
+    digest.update(np.asarray(sequences.seq_lens, dtype=np.int64).tobytes())
     return digest.hexdigest()[:32]
 
 
 class Calibration:
     """Raw calibration rows, computed at most once at a time; ranges per (dimensions, normalize)."""
 
-    def __init__(self, sequences: Callable[[], Sequences], cache_file: Callable[[Sequences], Optional[str]]):
+    def __init__(self, sequences: Callable[[], RaggedTokens], cache_file: Callable[[RaggedTokens], Optional[str]]):
         """`sequences`: the calibration token ids; `cache_file`: where their rows are cached (None: nowhere)."""
         self._sequences = sequences
         self._cache_file = cache_file
@@ -72,7 +69,7 @@ class Calibration:
 
     def when_ready(self, submit: Callable, then: Callable[[Optional[Exception]], None]) -> None:
         """Call `then(None)` once the rows exist (now, if they do), or `then(error)` if computing them
-        failed. `submit(ids, lens, on_done)` queues the calibration sequences (BatchingService.submit)."""
+        failed. `submit(tokens, on_done)` queues the calibration sequences (BatchingService.submit)."""
         with self._lock:
             ready = self._rows is not None
             if not ready:
@@ -91,8 +88,8 @@ class Calibration:
             if cached is not None:
                 self._done(cached, None, from_cache=True)
                 return
-            log.info("calibrating int8 ranges on %d texts", len(sequences[1]))
-            submit(sequences[0], sequences[1], self._done)
+            log.info("calibrating int8 ranges on %d texts", len(sequences.seq_lens))
+            submit(sequences, self._done)
         except Exception as exc:  # tokenizing, a refused submit: the waiting requests get the error
             self._done(None, exc)
 

@@ -1,10 +1,10 @@
 """Endpoint requests: validation in, post-processing out, around an BatchingService.
 
-A request is flat INPUT_IDS + SEQ_LENS (as the tokenizer models emit them),
-optionally flat TOKEN_TYPE_IDS (segment ids of BERT pairs), and its options
-(RequestOptions for embeddings, RerankOptions for scores). `Endpoint.submit`
-checks them against the engine's limits (InputError names the field), hands
-the flat ids and lengths to the service in the request's priority class (its
+A request is a RaggedTokens (engine_lib/contract.py) built from its wire tensors: flat INPUT_IDS
++ SEQ_LENS (as the tokenizer models emit them), optionally flat TOKEN_TYPE_IDS (segment ids of
+BERT pairs) or TEXT_WINDOWS, and its options (RequestOptions for embeddings, RerankOptions for
+scores). `Endpoint.submit` checks them against the engine's limits (InputError names the field),
+hands them to the service in the request's priority class (its
 `priority` option, else engine_lib.options.default_priority by its size), and turns the service's raw
 rows into the answer (engine_lib/service/outputs.py: {tensor name: array}, embedding rows in the
 types the request names, or scores). int8/uint8 rows wait for the model's
@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import default_priority
 from engine_lib.service.batching import BatchingService, DoneCallback
@@ -43,10 +44,18 @@ class EndpointLimits:
                    engine.type_vocab_size)
 
 
-def check_sequences(input_ids: np.ndarray, seq_lens: np.ndarray,
-                    limits: EndpointLimits) -> tuple[np.ndarray, list[int]]:
-    """Flat ids + lengths -> (int64 flat ids, lengths as ints), or InputError naming the problem.
+def check_request(tokens: RaggedTokens, limits: EndpointLimits) -> RaggedTokens:
+    """The wire's arrays (any dtype) -> validated int64 RaggedTokens, or InputError naming the field.
     The ids stay flat: the service gathers each batch's slices of them once (service/batching.py)."""
+    input_ids, lens = _check_sequences(tokens.input_ids, tokens.seq_lens, limits)
+    token_types = _check_token_types(tokens.token_types, input_ids.size, limits)
+    windows = _check_windows(tokens.windows, len(lens))
+    return RaggedTokens(input_ids, tokens.seq_lens.astype(np.int64, copy=False), token_types, windows,
+                        tokens.options)
+
+
+def _check_sequences(input_ids: np.ndarray, seq_lens: np.ndarray,
+                     limits: EndpointLimits) -> tuple[np.ndarray, list[int]]:
     if input_ids.ndim != 1 or seq_lens.ndim != 1:
         raise InputError(f"INPUT_IDS and SEQ_LENS must be 1-D, got shapes {list(input_ids.shape)} and "
                          f"{list(seq_lens.shape)}", field=INPUT_IDS if input_ids.ndim != 1 else SEQ_LENS)
@@ -70,8 +79,8 @@ def check_sequences(input_ids: np.ndarray, seq_lens: np.ndarray,
     return input_ids.astype(np.int64, copy=False), lens
 
 
-def check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
-                      limits: EndpointLimits) -> Optional[np.ndarray]:
+def _check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
+                       limits: EndpointLimits) -> Optional[np.ndarray]:
     """Flat segment ids (one per token) as int64; None or empty: the model's single segment."""
     if token_types is None or token_types.size == 0:
         return None
@@ -83,7 +92,7 @@ def check_token_types(token_types: Optional[np.ndarray], num_tokens: int,
     return token_types.astype(np.int64, copy=False)
 
 
-def check_windows(windows: Optional[np.ndarray], num_sequences: int) -> Optional[np.ndarray]:
+def _check_windows(windows: Optional[np.ndarray], num_sequences: int) -> Optional[np.ndarray]:
     """Sequences per text (chunking), each >= 1, summing to the sequences sent; None or empty: one each."""
     if windows is None or windows.size == 0:
         return None
@@ -102,19 +111,17 @@ class Endpoint:
         self.output = output or output_for(service.engine)  # EmbeddingOutput or ScoreOutput
         self.calibration = calibration  # calibration.Calibration: int8 ranges (None: int8/uint8 refused)
 
-    def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options, on_done: DoneCallback,
-               is_cancelled: Optional[Callable[[], bool]] = None,
-               token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None,
-               text_windows: Optional[np.ndarray] = None) -> int:
-        """Queue one request; raises InputError/OverloadError before queuing anything. `on_done`
-        gets ({tensor name: array}, None) or (None, error). `received_at`: time.perf_counter()
-        when the adapter got it (hop timing). `text_windows`: sequences per text (chunking=mean),
-        pooled into one row each (outputs.pool_windows) before the answer is made."""
+    def submit(self, tokens: RaggedTokens, on_done: DoneCallback,
+               is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None) -> int:
+        """Queue one request (its options are `tokens.options`); raises InputError/OverloadError
+        before queuing anything. `on_done` gets ({tensor name: array}, None) or (None, error).
+        `received_at`: time.perf_counter() when the adapter got it (hop timing). A text of several
+        sequences (`tokens.windows`, chunking=mean) is pooled into one row (outputs.pool_windows)
+        before the answer is made."""
+        options = tokens.options
         needs_ranges = self.output.needs_ranges(options)
         try:
-            input_ids, lens = check_sequences(input_ids, seq_lens, self.limits)
-            token_types = check_token_types(token_types, input_ids.size, self.limits)
-            text_windows = check_windows(text_windows, len(lens))
+            tokens = check_request(tokens, self.limits)
             self.output.check(options)
             if needs_ranges and self.calibration is None:
                 raise InputError("this encoder has no calibration for int8/uint8 outputs", "embedding_types")
@@ -133,8 +140,8 @@ class Endpoint:
             on_done(result, error)  # if this raises, the service answers the request with an error
 
         def finish(rows, error):
-            if rows is not None and text_windows is not None:
-                rows = pool_windows(rows, lens, text_windows)
+            if rows is not None and tokens.windows is not None:
+                rows = pool_windows(rows, tokens.lengths, tokens.windows)
             if rows is None or not needs_ranges:
                 answer(rows, error)
             else:
@@ -143,8 +150,8 @@ class Endpoint:
         if self.output.only_ranges(options):
             self.calibration.when_ready(self.service.submit, lambda failed: answer(None, failed))
             return 0
-        priority = getattr(options, "priority", "") or default_priority(len(lens), input_ids.size)
-        return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at, priority)
+        priority = getattr(options, "priority", "") or default_priority(len(tokens.lengths), tokens.input_ids.size)
+        return self.service.submit(tokens, finish, is_cancelled, received_at, priority)
 
     def gauges(self) -> dict:
         """Queue depth (in all and by class), the load-time self-check figure and the batch token budget

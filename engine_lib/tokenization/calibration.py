@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from engine_lib.config import TokenizerConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
 
@@ -28,12 +27,9 @@ def calibration_texts(path: str = CALIBRATION_TEXTS) -> list[tuple[str, str]]:
     return pairs
 
 
-def calibration_sequences(model_dir: str) -> tuple[np.ndarray, list[int]]:
-    """(flat int64 ids, lengths) of the calibration texts for the model in `model_dir`, in file order."""
+def calibration_sequences(model_dir: str) -> RaggedTokens:
+    """The calibration texts for the model in `model_dir`, one sequence each, in file order."""
     tokenizer = TextTokenizer(model_dir, TokenizerConfig(model_dir=model_dir))
-    ids, lens = [], []
-    for input_type, text in calibration_texts():
-        flat, seq_lens = tokenizer.encode([text], RequestOptions(input_type=input_type))
-        ids.append(flat)
-        lens.append(int(seq_lens[0]))
-    return np.concatenate(ids), lens
+    encoded = [tokenizer.encode([text], RequestOptions(input_type=input_type)).input_ids.tolist()
+               for input_type, text in calibration_texts()]
+    return RaggedTokens.from_rows(encoded)

@@ -15,11 +15,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine_lib.config import PairTokenizerConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.model_folder import SCORING_ARCHITECTURES, ModelFolder, scoring_architecture
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.long_text import cut_long_text
-from engine_lib.tokenization.ragged import flatten
 from engine_lib.tokenization.text import load_tokenizer
 from engine_lib.tokenization.text_input import decode_texts
 from rose_wire import DOCUMENTS, QUERY
@@ -68,9 +68,8 @@ class PairTokenizer:
             raise InputError(f"QUERY must hold exactly one text, got shape {list(query.shape)}", field=QUERY)
         return decode_texts(query.reshape(1), self.config, QUERY)[0], decode_texts(documents, self.config, DOCUMENTS)
 
-    def encode(self, query: str, documents: Sequence[str], options: RerankOptions
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """-> (flat input_ids int64, seq_lens int64 [N], flat token types int64, empty without segments)."""
+    def encode(self, query: str, documents: Sequence[str], options: RerankOptions) -> RaggedTokens:
+        """-> one sequence per document (token types: None for families without segments)."""
         if options.instruction and self.style != "yes-no":
             raise InputError("parameter 'instruction': this reranker (a cross-encoder) takes no instruction",
                              field="instruction")
@@ -80,8 +79,7 @@ class PairTokenizer:
             ids, types = self._encode_judge(query, documents, options), None
         else:
             ids, types = self._encode_pairs(query, documents, options)
-        input_ids, seq_lens = flatten(ids)
-        return input_ids, seq_lens, flatten(types)[0] if types is not None else np.zeros(0, dtype=np.int64)
+        return RaggedTokens.from_rows(ids, types, options=options)
 
     def _too_long(self, i: int, num_tokens: int) -> InputError:
         return InputError(f"DOCUMENTS[{i}] with the query is {num_tokens} tokens, more than the model's maximum "

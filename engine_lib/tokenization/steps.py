@@ -11,6 +11,7 @@ import numpy as np
 
 from engine_lib import faults
 from engine_lib.config import PairTokenizerConfig, TokenizerConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
@@ -27,6 +28,17 @@ def _required(tensors: Tensors, name: str) -> np.ndarray:
     return array
 
 
+def _or_empty(array: np.ndarray | None) -> np.ndarray:
+    return np.zeros(0, dtype=np.int64) if array is None else array
+
+
+def wire_tensors(tokens: RaggedTokens, optional: str) -> dict[str, np.ndarray]:
+    """The encoder's input tensors of `tokens`: INPUT_IDS, SEQ_LENS and the step's `optional` one
+    (TEXT_WINDOWS or TOKEN_TYPE_IDS), empty when the tokens have none."""
+    extra = tokens.windows if optional == TEXT_WINDOWS else tokens.token_types
+    return {INPUT_IDS: tokens.input_ids, SEQ_LENS: tokens.seq_lens, optional: _or_empty(extra)}
+
+
 class TextStep:
     """TEXT -> INPUT_IDS + SEQ_LENS + TEXT_WINDOWS (request options: input_type, truncate,
     truncation_direction, chunking; TEXT_WINDOWS is empty, one sequence a text, unless chunking)."""
@@ -40,11 +52,8 @@ class TextStep:
         faults.wait(faults.TOKENIZE)  # test-only hold (engine_lib/faults.py); off: returns at once
         options = RequestOptions.from_parameters(parameters)
         texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
-        if options.chunking == "mean":
-            input_ids, seq_lens, windows = self.tokenizer.encode_windows(texts, options)
-        else:
-            (input_ids, seq_lens), windows = self.tokenizer.encode(texts, options), np.zeros(0, dtype=np.int64)
-        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens.astype(np.int64), TEXT_WINDOWS: windows}
+        encode = self.tokenizer.encode_windows if options.chunking == "mean" else self.tokenizer.encode
+        return wire_tensors(encode(texts, options), TEXT_WINDOWS)
 
 
 class PairStep:
@@ -58,8 +67,7 @@ class PairStep:
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
         options = RerankOptions.from_parameters(parameters)
         query, documents = self.tokenizer.decode(_required(tensors, QUERY), _required(tensors, DOCUMENTS))
-        input_ids, seq_lens, token_types = self.tokenizer.encode(query, documents, options)
-        return {INPUT_IDS: input_ids, SEQ_LENS: seq_lens, TOKEN_TYPE_IDS: token_types}
+        return wire_tensors(self.tokenizer.encode(query, documents, options), TOKEN_TYPE_IDS)
 
 
 def step_for_inputs(names: Sequence[str]) -> type[TextStep] | type[PairStep]:

@@ -8,11 +8,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine_lib.config import TokenizerConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.long_text import cut_long_text
-from engine_lib.tokenization.ragged import flatten
 from engine_lib.tokenization.text_input import decode_texts
 from rose_wire import TEXT
 
@@ -99,16 +99,16 @@ class TextTokenizer:
     def template(self, text: str, input_type: str) -> str:
         return self.prefixes.get(input_type, self.prefixes["document"]) + text
 
-    def encode(self, texts: Sequence[str], options: RequestOptions) -> tuple[np.ndarray, np.ndarray]:
-        """-> (flat input_ids int64 [num_tokens], seq_lens int64 [num_texts]). An over-long text
-        (template included) loses its end (`truncation_direction` right) or its start (left)."""
+    def encode(self, texts: Sequence[str], options: RequestOptions) -> RaggedTokens:
+        """-> one sequence per text. An over-long text (template included) loses its end
+        (`truncation_direction` right) or its start (left)."""
         result = self.encode_many([(texts, options)])[0]
         if isinstance(result, InputError):
             raise result
         return result
 
     def encode_many(self, requests: Sequence[tuple[Sequence[str], RequestOptions]]
-                    ) -> list[tuple[np.ndarray, np.ndarray] | InputError]:
+                    ) -> list[RaggedTokens | InputError]:
         """Several requests' texts through one `encode_batch`: per request what `encode` returns,
         or the InputError it raises (that request's alone; its TEXT[i] counts its own texts)."""
         templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length,
@@ -134,12 +134,11 @@ class TextTokenizer:
             encodings = [ids + [self.append_eos_id] for ids in encodings]
         for r, result in enumerate(results):
             if result is None:
-                results[r] = flatten(encodings[starts[r]:starts[r + 1]])
+                results[r] = RaggedTokens.from_rows(encodings[starts[r]:starts[r + 1]], options=requests[r][1])
         return results
 
-    def encode_windows(self, texts: Sequence[str], options: RequestOptions
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """chunking=mean: -> (flat input_ids, seq_lens of every window, windows per text). A text
+    def encode_windows(self, texts: Sequence[str], options: RequestOptions) -> RaggedTokens:
+        """chunking=mean: -> every window a sequence, with the windows per text. A text
         within the maximum is one window, its ids exactly `encode`'s; a longer one is split into
         consecutive windows of its own tokens, no overlap, each with the template prefix and the
         special tokens (and EOS) a text gets, at most `max_length` tokens in all; more than
@@ -156,8 +155,7 @@ class TextTokenizer:
                                     f"(max_windows_per_text); split it", TEXT)
             windows += parts
             counts.append(len(parts))
-        input_ids, seq_lens = flatten(windows)
-        return input_ids, seq_lens, np.array(counts, dtype=np.int64)
+        return RaggedTokens.from_rows(windows, windows=counts, options=options)
 
     def _windows(self, templated: str, prefix_chars: int) -> list[list[int]]:
         encoding = self._full.encode(templated)

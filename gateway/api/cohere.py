@@ -21,11 +21,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, check_integer
 from engine_lib.tokenization.text_input import check_texts
 
-from ..engine.tokenizing import Encoded, GatewayTokenizer
+from ..engine.tokenizing import GatewayTokenizer
 from ..errors import bad_request, from_input_error
 from ..http.plumbing import Gateway, json_response
 
@@ -121,9 +122,8 @@ def render_embed(req: EmbedRequest, arrays: dict[str, np.ndarray], num_tokens: i
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _encode(tokenizer: GatewayTokenizer, req: EmbedRequest) -> Encoded:
+def _encode(tokenizer: GatewayTokenizer, req: EmbedRequest) -> RaggedTokens:
     try:
-        input_ids, seq_lens = tokenizer.text.encode(req.texts, req.options)
+        return tokenizer.text.encode(req.texts, req.options)
     except InputError as exc:  # truncate=NONE and an over-long text
         raise bad_request(str(exc).replace("TEXT[", "texts["), "texts") from None
-    return Encoded(input_ids, seq_lens)

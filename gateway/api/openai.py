@@ -15,6 +15,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import (
     BATCH,
@@ -29,7 +30,7 @@ from engine_lib.options import (
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_wire import ROSE_ENCODER
 
-from ..engine.tokenizing import Encoded, GatewayTokenizer
+from ..engine.tokenizing import GatewayTokenizer
 from ..errors import ApiError, bad_request, from_input_error
 from ..http.plumbing import Gateway, json_response
 
@@ -72,7 +73,7 @@ async def rerank(gateway: Gateway, request: Request) -> Response:
     return json_response(render_rerank(req, scores, route.name))
 
 
-async def _encode(gateway: Gateway, req: EmbeddingRequest, tokenizer: GatewayTokenizer) -> Encoded:
+async def _encode(gateway: Gateway, req: EmbeddingRequest, tokenizer: GatewayTokenizer) -> RaggedTokens:
     """`req`'s inputs as ids, with its route's `tokenizer`."""
     if req.token_ids is not None:
         return tokenizer.encode_ids(req.token_ids, req.options.truncate, req.options.truncation_direction)

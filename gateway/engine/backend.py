@@ -13,6 +13,7 @@ import logging
 
 import numpy as np
 
+from engine_lib.contract import RaggedTokens
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import AsyncStreamSlot, Call, ReplicaChannel
 from rose_client.chunking import Chunk, plan_chunks
@@ -35,7 +36,6 @@ from rose_wire import (
 
 from ..config import GatewayConfig
 from ..metrics import GatewayMetrics
-from .tokenizing import Encoded
 
 log = logging.getLogger("gateway")
 TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
@@ -149,28 +149,28 @@ class Backend:
         for url in [u for u in self.channels if u not in served and not self.dispatcher.has_workers(u)]:
             await self.channels.pop(url).close()
 
-    async def embed(self, encoded: Encoded, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
+    async def embed(self, tokens: RaggedTokens, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
         """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's
         JobFailed. An input's windows (chunking) stay in one chunk: the encoder pools them."""
-        chunks = plan_chunks(encoded.input_tokens, self.config.max_chunk_tokens, self.config.max_chunk_texts)
-        offsets, windows = encoded.offsets, encoded.window_offsets
+        chunks = plan_chunks(tokens.text_tokens, self.config.max_chunk_tokens, self.config.max_chunk_texts)
+        offsets, windows = tokens.offsets, tokens.window_offsets
 
         def call(chunk: Chunk) -> Call:
             first, last = windows[chunk.start], windows[chunk.stop]
-            tensors = {INPUT_IDS: encoded.input_ids[offsets[first]:offsets[last]],
-                       SEQ_LENS: encoded.seq_lens[first:last]}
-            if encoded.windows is not None:
-                tensors[TEXT_WINDOWS] = encoded.windows[chunk.start:chunk.stop]
+            tensors = {INPUT_IDS: tokens.input_ids[offsets[first]:offsets[last]],
+                       SEQ_LENS: tokens.seq_lens[first:last]}
+            if tokens.windows is not None:
+                tensors[TEXT_WINDOWS] = tokens.windows[chunk.start:chunk.stop]
             return Call(encoder, tensors, EMBEDDINGS, parameters, rows=chunk.num_texts)
 
         self.metrics.chunks.labels("embeddings").inc(len(chunks))
         # waiting chunks of other requests to the same encoder, alike (parameters, windows or not), may share a call
-        merge = Merge((encoder, encoded.windows is not None, parameters_key(parameters)), self.config.max_chunk_tokens,
+        merge = Merge((encoder, tokens.windows is not None, parameters_key(parameters)), self.config.max_chunk_tokens,
                       self.config.max_chunk_texts)
         parts = await self.dispatcher.run(chunks, call, merge=merge)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    async def embed_types(self, encoded: Encoded, types: list[str], dimensions: int,
+    async def embed_types(self, tokens: RaggedTokens, types: list[str], dimensions: int,
                           encoder: str = ROSE_ENCODER) -> dict[str, np.ndarray]:
         """-> {type: [num_inputs, ...] array in input order} for `types` (keys of rose_wire.OUTPUT_OF_TYPE)
         from Triton model `encoder`: it computes every type (engine_lib/service/outputs.py) and answers
@@ -178,12 +178,12 @@ class Backend:
         names = tuple(OUTPUT_OF_TYPE[t] for t in dict.fromkeys(types))
         parameters = {"embedding_types": ",".join(TYPE_OF_OUTPUT[n] for n in names),
                       **({"dimensions": dimensions} if dimensions else {})}
-        chunks = plan_chunks(encoded.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
-        offsets = encoded.offsets
+        chunks = plan_chunks(tokens.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
+        offsets = tokens.offsets
 
         def call(chunk: Chunk) -> Call:
-            ids = encoded.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
-            return Call(encoder, {INPUT_IDS: ids, SEQ_LENS: encoded.seq_lens[chunk.start:chunk.stop]},
+            ids = tokens.input_ids[offsets[chunk.start]:offsets[chunk.stop]]
+            return Call(encoder, {INPUT_IDS: ids, SEQ_LENS: tokens.seq_lens[chunk.start:chunk.stop]},
                         names[0], parameters, rows=chunk.num_texts, outputs=names)
 
         self.metrics.chunks.labels("embed_v2").inc(len(chunks))

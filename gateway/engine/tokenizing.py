@@ -1,4 +1,4 @@
-"""Texts and token-id inputs -> flat INPUT_IDS + SEQ_LENS, with the tokenizer
+"""Texts and token-id inputs -> RaggedTokens (engine_lib/contract.py), with the tokenizer
 model's own code (engine_lib.tokenization.text) and settings (its config.pbtxt and
 the launcher's ROSE_* overrides, read by rose_triton.parameters), so the ids equal
 the ensemble path's, and its request limits (engine_lib.tokenization.text_input).
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine_lib.config import TokenizerConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
-from engine_lib.tokenization.ragged import flatten
 from engine_lib.tokenization.text import TextTokenizer
 from engine_lib.tokenization.text_input import check_count, check_texts
 from rose_triton.parameters import config_from_pbtxt
@@ -25,30 +25,6 @@ from rose_triton.parameters import config_from_pbtxt
 from ..errors import ApiError, bad_request, from_input_error
 
 log = logging.getLogger("gateway")
-
-
-@dataclass(frozen=True)
-class Encoded:
-    input_ids: np.ndarray  # int64 [num_tokens], all sequences concatenated
-    seq_lens: np.ndarray   # int64 [num_sequences]: one per input, or (chunking) one per window
-    windows: np.ndarray | None = None  # int64 [num_inputs]: windows per input (chunking=mean), else None
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.seq_lens)])
-
-    @property
-    def input_tokens(self) -> list[int]:
-        """Tokens per input (all its windows')."""
-        if self.windows is None:
-            return self.seq_lens.tolist()
-        return np.add.reduceat(self.seq_lens, np.concatenate([[0], np.cumsum(self.windows)[:-1]])).tolist()
-
-    @property
-    def window_offsets(self) -> np.ndarray:
-        """Input i's sequences are seq_lens[window_offsets[i]:window_offsets[i + 1]]."""
-        counts = self.windows if self.windows is not None else np.ones(len(self.seq_lens), dtype=np.int64)
-        return np.concatenate([[0], np.cumsum(counts)])
 
 
 def _input_error(exc: InputError) -> ApiError:
@@ -80,28 +56,28 @@ class GatewayTokenizer:
         except InputError as exc:
             raise from_input_error(exc) from None
 
-    def encode_texts(self, texts: list[str], options: RequestOptions) -> Encoded:
+    def encode_texts(self, texts: list[str], options: RequestOptions) -> RaggedTokens:
         result = self.encode_many([(texts, options)])[0]
         if isinstance(result, ApiError):
             raise result
         return result
 
-    def encode_many(self, requests: list[tuple[list[str], RequestOptions]]) -> list[Encoded | ApiError]:
+    def encode_many(self, requests: list[tuple[list[str], RequestOptions]]) -> list[RaggedTokens | ApiError]:
         """Several requests through one `encode_batch` (chunking=mean ones each on their own: their
         windows); a refused one gets its error (400; 413 past max_windows_per_text), the others their ids."""
         results: list = [None] * len(requests)
         plain = [r for r, (_, options) in enumerate(requests) if options.chunking != "mean"]
         for r, result in zip(plain, self.text.encode_many([requests[r] for r in plain])):
-            results[r] = result if isinstance(result, InputError) else Encoded(*result)
+            results[r] = result
         for r, (texts, options) in enumerate(requests):
             if options.chunking == "mean":
                 try:
-                    results[r] = Encoded(*self.text.encode_windows(texts, options))
+                    results[r] = self.text.encode_windows(texts, options)
                 except InputError as exc:
                     results[r] = exc
         return [_input_error(r) if isinstance(r, InputError) else r for r in results]
 
-    def encode_ids(self, inputs: list[list[int]], truncate: bool, direction: str = "right") -> Encoded:
+    def encode_ids(self, inputs: list[list[int]], truncate: bool, direction: str = "right") -> RaggedTokens:
         """Token-id inputs go to the encoder as given (no template, no special tokens); an
         over-long one is cut at its end (`direction` right) or its start (left)."""
         try:
@@ -119,16 +95,16 @@ class GatewayTokenizer:
                 ids = ids[-self.max_length:] if direction == "left" else ids[:self.max_length]
             rows.append(ids)
         try:
-            input_ids, seq_lens = flatten(rows)
+            tokens = RaggedTokens.from_rows(rows)
         except OverflowError:
             raise bad_request(f"input holds a token id outside [0, {self.vocab_size})", "input") from None
-        bad = (input_ids < 0) | (input_ids >= self.vocab_size)
+        bad = (tokens.input_ids < 0) | (tokens.input_ids >= self.vocab_size)
         if bad.any():
             at = int(np.argmax(bad))
-            row = int(np.searchsorted(np.cumsum(seq_lens), at, side="right"))
-            raise bad_request(f"input[{row}] holds token id {int(input_ids[at])}, outside [0, {self.vocab_size})",
-                              "input")
-        return Encoded(input_ids, seq_lens)
+            row = int(np.searchsorted(np.cumsum(tokens.seq_lens), at, side="right"))
+            raise bad_request(f"input[{row}] holds token id {int(tokens.input_ids[at])}, outside "
+                              f"[0, {self.vocab_size})", "input")
+        return tokens
 
 
 @dataclass
@@ -156,7 +132,7 @@ class TokenizeQueue:
         self._lanes: set[asyncio.Task] = set()  # referenced until done
         self.batches = 0  # encode_batch calls made (for tests and the perf script)
 
-    async def encode(self, texts: list[str], options: RequestOptions) -> Encoded:
+    async def encode(self, texts: list[str], options: RequestOptions) -> RaggedTokens:
         """-> the ids; raises the request's ApiError (400) as `encode_texts` does."""
         future = asyncio.get_running_loop().create_future()
         self.waiting.append(_Waiting(texts, options, future, sum(map(len, texts))))

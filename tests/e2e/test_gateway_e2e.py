@@ -60,7 +60,7 @@ def test_default_call_is_base64_and_matches_ensemble_and_reference(client, ensem
     assert cosine(rows, ensemble_rows).min() >= 0.9999
     reference = reference_model.encode(TEXTS, normalize_embeddings=True)
     assert cosine(rows, reference).min() >= MIN_COSINE
-    _, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(TEXTS, RequestOptions())
+    seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(TEXTS, RequestOptions()).seq_lens
     assert response.usage.prompt_tokens == response.usage.total_tokens == int(seq_lens.sum())
     assert response.model == MODEL and [d.index for d in response.data] == [0, 1, 2, 3]
 
@@ -78,7 +78,8 @@ def test_float_and_dimensions_match_the_ensemble(client, server):
 
 
 def test_token_ids_and_query_type_match_the_text_path(client, server, model_dir, ensemble_rows):
-    ids, lens = TextTokenizer(model_dir, TokenizerConfig()).encode(TEXTS[:2], RequestOptions())
+    tokens = TextTokenizer(model_dir, TokenizerConfig()).encode(TEXTS[:2], RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     token_lists = [part.tolist() for part in np.split(ids, np.cumsum(lens)[:-1])]
     by_ids = client.embeddings.create(model=MODEL, input=token_lists)
     rows = np.array([d.embedding for d in by_ids.data])

@@ -35,7 +35,7 @@ def test_every_encoder_metric_family_is_published(server):
 def test_metrics_follow_traffic(server, model_dir):
     _, before = scrape(server)
     texts = MEDIUM_TEXTS
-    _, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions()).seq_lens
     embed_stream(server.grpc_url, texts)
     embed_stream(server.grpc_url, texts, {"priority_class": "batch"})
     with pytest.raises(InferenceServerException, match="invalid input"):

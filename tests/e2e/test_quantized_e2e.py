@@ -40,7 +40,8 @@ def pretokenized(model_dir, texts) -> dict:
     from engine_lib.options import RequestOptions
     from engine_lib.tokenization.text import TextTokenizer
 
-    ids, lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    tokens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     return {INPUT_IDS: ids, SEQ_LENS: lens}
 
 

@@ -41,7 +41,8 @@ def send_on_stream(client, model, inputs):
 
 def test_cancelled_encoder_stream_drops_its_queued_sequences(server, model_dir):
     texts = [f"cancel me {i} " + LONG_TEXTS[i % 3] for i in range(24)]
-    input_ids, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    tokens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    input_ids, seq_lens = tokens.input_ids, tokens.seq_lens
     inputs = [grpcclient.InferInput("INPUT_IDS", [len(input_ids)], "INT64"),
               grpcclient.InferInput("SEQ_LENS", [len(seq_lens)], "INT64")]
     inputs[0].set_data_from_numpy(input_ids)

@@ -97,7 +97,8 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
     comes while the accepted ones are still queued (at once, not after the queue drained)."""
     tokenizer = TextTokenizer(model_dir, TokenizerConfig())
     texts = [LONG_TEXTS[i % 3] + f" request {i}" for i in range(4)]
-    input_ids, seq_lens = tokenizer.encode(texts, RequestOptions())
+    tokens = tokenizer.encode(texts, RequestOptions())
+    input_ids, seq_lens = tokens.input_ids, tokens.seq_lens
     reference = reference_model.encode(texts, normalize_embeddings=True)
     outcomes: queue.Queue = queue.Queue()
 
@@ -210,7 +211,8 @@ def server_rss_mib(serve_pid):
 
 def test_memory_stays_bounded_under_a_flood(limited, model_dir, record_property):
     texts = [LONG_TEXTS[i % 3] + f" flood {i}" for i in range(4)]
-    input_ids, seq_lens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    tokens = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    input_ids, seq_lens = tokens.input_ids, tokens.seq_lens
     before, _ = server_rss_mib(limited.process.pid)
     started = time.monotonic()
     with ThreadPoolExecutor(32) as pool:
@@ -291,7 +293,7 @@ def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(li
     with limited.hold:  # nothing can finish before the kill
         for number, path in enumerate(paths):  # one at a time: the small tokenizer and embed queues take each
             threading.Thread(target=call, args=(*path, number), daemon=True).start()
-            queued_tokens += len(tokenizer.encode(texts_of(number), RequestOptions())[0])
+            queued_tokens += len(tokenizer.encode(texts_of(number), RequestOptions()).input_ids)
             wait_for_metric(limited.metrics_url, "rose_queue_tokens", queued_tokens,
                             why=f"(request {number}, {path[0].__name__}, never reached the encoder)")
         os.kill(stub_pid, signal.SIGKILL)

@@ -11,6 +11,7 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.config import EncoderConfig
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError, OverloadError
 from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
@@ -61,16 +62,15 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                input_ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS).as_numpy()
-                seq_lens = pb_utils.get_input_tensor_by_name(request, SEQ_LENS).as_numpy()
                 options = output.select(output.options_type.from_parameters(request.parameters()),
                                         request.requested_output_names(), self.outputs)
-                self.encoder.submit(input_ids, seq_lens, options,
-                                    lambda result, error, sender=sender: _respond(sender, result, error),
-                                    is_cancelled=sender.is_cancelled,
-                                    token_types=_optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
-                                    received_at=received_at,
-                                    text_windows=_optional_input(request, TEXT_WINDOWS) if self.takes_windows else None)
+                tokens = RaggedTokens(
+                    pb_utils.get_input_tensor_by_name(request, INPUT_IDS).as_numpy(),
+                    pb_utils.get_input_tensor_by_name(request, SEQ_LENS).as_numpy(),
+                    _optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
+                    _optional_input(request, TEXT_WINDOWS) if self.takes_windows else None, options)
+                self.encoder.submit(tokens, lambda result, error, sender=sender: _respond(sender, result, error),
+                                    is_cancelled=sender.is_cancelled, received_at=received_at)
             except (InputError, OverloadError) as exc:
                 _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.contract import PackedBatch
 from engine_lib.device.lazy_tensor import ResolvedTensor
 from engine_lib.model_folder import resolve_model_dir
@@ -72,7 +73,7 @@ def test_service_keeps_two_batches_in_flight():
     results: dict[int, np.ndarray] = {}
     try:
         for i in range(3):
-            service.submit(np.array([i + 1]), [1], lambda rows, error, i=i: results.__setitem__(i, rows))
+            service.submit(RaggedTokens.from_rows([[i + 1]]), lambda rows, error, i=i: results.__setitem__(i, rows))
         assert wait_until(lambda: len(engine.launched) == 2)  # batch 2 launched while batch 1 runs
         time.sleep(0.2)
         assert len(engine.launched) == 2 and not results  # never a third in flight

@@ -94,7 +94,8 @@ def test_rows_come_back_in_input_order_over_many_chunks(text_tokenizer):
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": texts}, max_chunk_tokens=40)
     assert response.status_code == 200, response.text
     body = response.json()
-    ids, lens = text_tokenizer.encode(texts, RequestOptions())
+    tokens = text_tokenizer.encode(texts, RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     rows = np.array([d["embedding"] for d in body["data"]])
     assert [d["index"] for d in body["data"]] == list(range(60))
     np.testing.assert_array_equal(rows[:, 0], [p.sum() for p in np.split(ids, np.cumsum(lens)[:-1])])

@@ -119,7 +119,8 @@ def test_v2_embed_returns_every_asked_type_keyed_by_type_in_input_order(tokenize
     body = response.json()
     assert set(body) == {"id", "embeddings", "texts", "meta", "response_type"} and body["texts"] == texts
     assert list(body["embeddings"]) == types
-    ids, lens = tokenizer.encode(texts, RequestOptions(input_type="query"))
+    tokens = tokenizer.encode(texts, RequestOptions(input_type="query"))
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert body["meta"]["billed_units"] == {"input_tokens": int(lens.sum())}
     raw = np.zeros((30, WIDTH), dtype=np.float32)
     raw[:, 0] = [p.sum() for p in np.split(ids, np.cumsum(lens)[:-1])]
@@ -146,7 +147,8 @@ def test_v2_embed_truncate_cuts_the_named_end(tokenizer, truncate, direction):
     body = {"model": MODEL, "texts": [text], "input_type": "search_document"}
     response, encoder = post("/v2/embed", {**body, **({"truncate": truncate} if truncate else {})})
     assert response.status_code == 200, response.text
-    expected, _ = tokenizer.encode([text], RequestOptions(truncation_direction=direction))
+    tokens = tokenizer.encode([text], RequestOptions(truncation_direction=direction))
+    expected = tokens.input_ids
     np.testing.assert_array_equal(encoder.calls[0].inputs["INPUT_IDS"], expected)
     assert response.json()["meta"]["billed_units"]["input_tokens"] == len(expected) == tokenizer.max_length
 
@@ -211,7 +213,8 @@ def test_v1_embeddings_truncation_direction_for_texts_and_token_ids(tokenizer):
     text = "begin " + "middle " * 400 + "finish"
     response, encoder = post("/v1/embeddings", {"model": MODEL, "input": [text], "truncation_direction": "left"})
     assert response.status_code == 200, response.text
-    expected, _ = tokenizer.encode([text], RequestOptions(truncation_direction="left"))
+    tokens = tokenizer.encode([text], RequestOptions(truncation_direction="left"))
+    expected = tokens.input_ids
     np.testing.assert_array_equal(encoder.calls[0].inputs["INPUT_IDS"], expected)
     ids = list(range(1, 400))
     response, encoder = post("/v1/embeddings", {"model": MODEL, "input": [ids], "truncation_direction": "left"})
@@ -227,7 +230,8 @@ def test_v1_embeddings_chunking_keeps_each_texts_windows_in_one_chunk_and_counts
     response, encoder = post("/v1/embeddings", {"model": MODEL, "input": texts, "chunking": "mean",
                                                 "encoding_format": "float"}, max_chunk_tokens=600)
     assert response.status_code == 200, response.text
-    ids, lens, windows = tokenizer.encode_windows(texts, RequestOptions(chunking="mean"))
+    tokens = tokenizer.encode_windows(texts, RequestOptions(chunking="mean"))
+    ids, lens, windows = tokens.input_ids, tokens.seq_lens, tokens.windows
     assert windows.tolist()[0] == 1 and windows[1] > 1
     body = response.json()
     assert body["usage"]["prompt_tokens"] == int(lens.sum())

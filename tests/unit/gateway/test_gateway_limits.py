@@ -161,7 +161,8 @@ def test_rerank_admission_is_an_upper_bound_on_the_tokens_run(kind, tmp_path):
     for instruction in ("", "Judge by relevance") if kind == "qwen3" else ("",):
         parameters = {"instruction": instruction} if instruction else {}
         request = openai.RerankRequest(None, query, documents, None, True, parameters)
-        _, seq_lens, _ = pairs.encode(query, documents, RerankOptions.from_parameters(parameters))
+        tokens = pairs.encode(query, documents, RerankOptions.from_parameters(parameters))
+        seq_lens = tokens.seq_lens
         bound = openai.admission_tokens(request, routing.max_pair_tokens(limits))
         assert routing.max_pair_tokens(limits) >= pairs.max_length
         assert bound >= int(seq_lens.sum()), (bound, seq_lens)

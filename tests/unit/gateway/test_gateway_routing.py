@@ -89,8 +89,9 @@ def test_each_embedder_gets_its_own_encoder_tokenizer_settings_and_limits(models
                                  models_file)
         assert response.status_code == 200 and response.json()["model"] == name, response.text
         (call,) = replica.calls
-        ids, lens = TextTokenizer(model_dir, TokenizerConfig(query_prefix=prefix)).encode(
+        tokens = TextTokenizer(model_dir, TokenizerConfig(query_prefix=prefix)).encode(
             texts, RequestOptions.from_parameters({"input_type": "query"}))
+        ids, lens = tokens.input_ids, tokens.seq_lens
         assert call.model == encoder
         np.testing.assert_array_equal(call.inputs["INPUT_IDS"], ids)  # the route's own template
     too_many = {"input": ["a", "b", "c"]}

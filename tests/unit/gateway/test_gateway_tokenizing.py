@@ -71,7 +71,8 @@ def test_waiting_requests_share_one_batch_with_their_own_ids(tokenizer, model_di
             assert isinstance(result, ApiError) and result.status == 400 and result.param == "input"
             assert "input[1] has" in result.message  # its own index, not the batch's
             continue
-        ids, lens = alone.encode(texts, options)
+        tokens = alone.encode(texts, options)
+        ids, lens = tokens.input_ids, tokens.seq_lens
         np.testing.assert_array_equal(result.input_ids, ids)
         np.testing.assert_array_equal(result.seq_lens, lens)
 

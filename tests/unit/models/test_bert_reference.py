@@ -13,7 +13,8 @@ from testing.texts import VARIED_TEXTS
 
 def test_packed_batch_matches_reference(model_dir, reference_model):
     tokenizer = TextTokenizer(model_dir, TokenizerConfig())
-    ids, lens = tokenizer.encode(VARIED_TEXTS, RequestOptions())
+    tokens = tokenizer.encode(VARIED_TEXTS, RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert lens.max() == 256  # the long texts were truncated to the model's maximum
     bounds = np.concatenate([[0], np.cumsum(lens)])
     batch = PackedBatch.from_sequences([ids[bounds[i]:bounds[i + 1]] for i in range(len(lens))])
@@ -26,7 +27,8 @@ def test_packed_batch_matches_reference(model_dir, reference_model):
 
 def test_token_ids_match_reference_tokenizer(model_dir, reference_model):
     tokenizer = TextTokenizer(model_dir, TokenizerConfig())
-    ids, lens = tokenizer.encode(VARIED_TEXTS, RequestOptions())
+    tokens = tokenizer.encode(VARIED_TEXTS, RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     features = reference_model.tokenize(VARIED_TEXTS)
     ref_lens = features["attention_mask"].sum(1).numpy()
     np.testing.assert_array_equal(lens, ref_lens)

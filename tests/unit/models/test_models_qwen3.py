@@ -114,7 +114,8 @@ def qwen3_tokenizer_folder(tmp_path):
 def test_tokenizer_appends_eos_and_keeps_it_when_truncating(qwen3_tokenizer_folder):
     tokenizer = TextTokenizer(str(qwen3_tokenizer_folder), TokenizerConfig(), max_length=4)
     eos = tokenizer._full.token_to_id(EOS)
-    ids, lens = tokenizer.encode(["hello world", "a b c a b c"], RequestOptions())
+    tokens = tokenizer.encode(["hello world", "a b c a b c"], RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert lens.tolist() == [3, 4]
     assert ids[2] == eos and ids[-1] == eos
     with pytest.raises(ValueError, match="more than the model's maximum"):
@@ -130,7 +131,8 @@ def test_tokenizer_does_not_double_eos(qwen3_tokenizer_folder):
     raw.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, eos)])
     raw.save(path)
     tokenizer = TextTokenizer(str(qwen3_tokenizer_folder), TokenizerConfig())
-    ids, lens = tokenizer.encode(["hello world"], RequestOptions())
+    tokens = tokenizer.encode(["hello world"], RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert tokenizer.append_eos_id is None and ids.tolist()[-1] == eos and lens.tolist() == [3]
 
 
@@ -166,8 +168,8 @@ def test_chunking_windows_each_end_with_eos_and_carry_the_prefix(qwen3_tokenizer
     config = TokenizerConfig(query_prefix="hello ")
     tokenizer = TextTokenizer(str(qwen3_tokenizer_folder), config, max_length=5)
     eos, hello = tokenizer._full.token_to_id(EOS), tokenizer._full.token_to_id("hello")
-    ids, lens, windows = tokenizer.encode_windows(["a b c a b c a"], RequestOptions(input_type="query",
-                                                                                    chunking="mean"))
+    tokens = tokenizer.encode_windows(["a b c a b c a"], RequestOptions(input_type="query", chunking="mean"))
+    ids, lens, windows = tokens.input_ids, tokens.seq_lens, tokens.windows
     parts = [p.tolist() for p in np.split(ids, np.cumsum(lens)[:-1])]
     assert windows.tolist() == [3] and all(len(p) <= 5 for p in parts)
     assert all(p[0] == hello and p[-1] == eos for p in parts)  # prefix and EOS in every window

@@ -36,10 +36,11 @@ def family(request, tmp_path_factory):
 
 def _ours(folder, query=QUERY, docs=DOCS, options=RerankOptions()):
     tokenizer = PairTokenizer(folder, PairTokenizerConfig())
-    ids, lens, types = tokenizer.encode(query, docs, options)
+    tokens = tokenizer.encode(query, docs, options)
+    ids, lens, types = tokens.input_ids, tokens.seq_lens, tokens.token_types
     bounds = np.concatenate([[0], np.cumsum(lens)])
     seqs = [ids[bounds[i]:bounds[i + 1]] for i in range(len(lens))]
-    type_seqs = [types[bounds[i]:bounds[i + 1]] for i in range(len(lens))] if types.size else None
+    type_seqs = [types[bounds[i]:bounds[i + 1]] for i in range(len(lens))] if types is not None else None
     return seqs, type_seqs
 
 
@@ -149,7 +150,8 @@ def test_qwen3_instruction_and_truncation(tmp_path):
     assert [s.tolist() for s in seqs] == _reference_qwen3(folder, reference, instruction=instruction)[2]
     # A short max_length: the card's recipe cuts the end of the pair (the document), as we do.
     tokenizer = PairTokenizer(folder, PairTokenizerConfig(max_length=80))
-    ids, lens, _ = tokenizer.encode(QUERY, DOCS, RerankOptions())
+    tokens = tokenizer.encode(QUERY, DOCS, RerankOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert lens.max() == 80
     expected = _reference_qwen3(folder, reference, max_length=80)[2]
     assert np.concatenate(expected).tolist() == ids.tolist()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 from engine_lib.service.endpoint import Endpoint, finish_rows
@@ -19,9 +20,7 @@ def make_encoder(**kwargs) -> Endpoint:
 
 
 def encode(encoder, replies, name, seqs, options=RAW):
-    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
-    lens = np.array([len(s) for s in seqs], dtype=np.int64)
-    return encoder.submit(ids, lens, options, replies.callback(name))
+    return encoder.submit(RaggedTokens.from_rows(seqs, options=options), replies.callback(name))
 
 
 @pytest.mark.parametrize("ids, lens, message, field", [
@@ -35,7 +34,8 @@ def encode(encoder, replies, name, seqs, options=RAW):
 def test_invalid_requests_are_refused_before_queuing(ids, lens, message, field):
     encoder = make_encoder()
     with pytest.raises(InputError, match=message) as refused:
-        encoder.submit(np.array(ids, dtype=np.int64), np.array(lens, dtype=np.int64), RAW, lambda *a: None)
+        encoder.submit(RaggedTokens(np.array(ids, dtype=np.int64), np.array(lens, dtype=np.int64), options=RAW),
+                       lambda *a: None)
     assert refused.value.field == field
     assert encoder.service.queue_depth() == {"rose_queue_requests": 0, "rose_queue_tokens": 0}
     assert encoder.service.metrics.total("rose_requests_total", outcome="invalid") == 1
@@ -45,7 +45,7 @@ def test_invalid_requests_are_refused_before_queuing(ids, lens, message, field):
 def test_two_dimensional_inputs_are_refused():
     encoder = make_encoder()
     with pytest.raises(InputError, match="must be 1-D"):
-        encoder.submit(np.ones((2, 2), dtype=np.int64), np.array([4]), RAW, lambda *a: None)
+        encoder.submit(RaggedTokens(np.ones((2, 2), dtype=np.int64), np.array([4]), options=RAW), lambda *a: None)
     encoder.close()
 
 

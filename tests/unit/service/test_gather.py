@@ -5,13 +5,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.service.batching import gather
 from engine_lib.service.scheduler import PriorityBatcher
 
 
 def request(ids, token_types=None):
-    return SimpleNamespace(input_ids=np.array(ids, dtype=np.int64),
-                           token_types=None if token_types is None else np.array(token_types, dtype=np.int64))
+    tokens = RaggedTokens(np.array(ids, dtype=np.int64), np.array([len(ids)], dtype=np.int64),
+                          None if token_types is None else np.array(token_types, dtype=np.int64))
+    return SimpleNamespace(tokens=tokens)
 
 
 def test_batches_cut_through_requests_and_mix_token_types():
@@ -35,4 +37,4 @@ def test_one_request_is_taken_without_a_copy():
     scheduled = batcher.next_batch()  # the first two sequences: 3 tokens, the third would pass the budget
     batch = gather(scheduled, [r] * len(scheduled))
     assert batch.input_ids.tolist() == [4, 5, 6] and batch.token_types is None
-    assert np.shares_memory(batch.input_ids, r.input_ids)
+    assert np.shares_memory(batch.input_ids, r.tokens.input_ids)

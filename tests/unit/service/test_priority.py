@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import (
     BATCH,
@@ -57,8 +58,7 @@ def blocked_endpoint():
 
 
 def encode(endpoint, replies, name, seqs, options=RAW):
-    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
-    endpoint.submit(ids, np.array([len(s) for s in seqs], dtype=np.int64), options, replies.callback(name))
+    endpoint.submit(RaggedTokens.from_rows(seqs, options=options), replies.callback(name))
 
 
 def test_a_small_request_goes_ahead_of_a_large_one_queued_before_it():
@@ -127,8 +127,7 @@ def test_rows_do_not_depend_on_class_or_batch_mates(tmp_path):
 
     def client(t):
         for r, seqs in enumerate(work[t]):
-            flat = np.concatenate(seqs).astype(np.int64)
-            service.submit(flat, [len(s) for s in seqs], replies.callback((t, r)),
+            service.submit(RaggedTokens.from_rows([list(s) for s in seqs]), replies.callback((t, r)),
                            priority=BATCH if (t + r) % 2 else INTERACTIVE)
 
     threads = [threading.Thread(target=client, args=(t,)) for t in range(len(work))]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, parse_embedding_types
 from engine_lib.service.calibration import Calibration, cache_key
@@ -104,7 +105,7 @@ CALIBRATION_SEQS = [[i, i + 1, (i * 7) % 50 + 1][: 1 + i % 3] for i in range(1, 
 
 
 def calibration_sequences():
-    return np.concatenate([np.array(s, dtype=np.int64) for s in CALIBRATION_SEQS]), [len(s) for s in CALIBRATION_SEQS]
+    return RaggedTokens.from_rows(CALIBRATION_SEQS)
 
 
 def calibration_rows() -> np.ndarray:
@@ -117,8 +118,7 @@ def make_endpoint(tmp_path, engine=None, sequences=calibration_sequences):
 
 
 def ask(endpoint, replies, name, seqs, **options):
-    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
-    endpoint.submit(ids, np.array([len(s) for s in seqs]), RequestOptions(**options), replies.callback(name))
+    endpoint.submit(RaggedTokens.from_rows(seqs, options=RequestOptions(**options)), replies.callback(name))
 
 
 def test_int8_rows_use_ranges_calibrated_on_the_models_own_rows(tmp_path):

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import OverloadError, RequestCancelled
 from engine_lib.service.metrics import HOPS
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service, submit
@@ -204,7 +205,7 @@ def test_a_response_callback_that_fails_on_the_result_is_answered_with_the_error
             raise RuntimeError("cannot build the response")
         answered.set()
 
-    service.submit(np.array([1, 2], dtype=np.int64), [2], on_done)
+    service.submit(RaggedTokens.from_rows([[1, 2]]), on_done)
     assert answered.wait(10), f"the request got no error answer after its callback failed: {calls}"
     replies = Replies()
     submit(service, replies, "next", [[3]])  # the service goes on
@@ -280,10 +281,10 @@ def test_ready_results_are_answered_without_a_hand_off_and_pending_ones_by_the_c
     def on_done(name):
         return lambda rows, error: threads.setdefault(name, threading.current_thread().name)
 
-    service.submit(np.array([1, 2]), [2], on_done("ready"))
+    service.submit(RaggedTokens.from_rows([[1, 2]]), on_done("ready"))
     wait_until(lambda: "ready" in threads)
     engine.gate.clear()
-    service.submit(np.array([3]), [1], on_done("pending"))
+    service.submit(RaggedTokens.from_rows([[3]]), on_done("pending"))
     wait_until(lambda: len(engine.batches) == 2)
     engine.gate.set()
     wait_until(lambda: "pending" in threads)

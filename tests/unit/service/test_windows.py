@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 from engine_lib.service.endpoint import Endpoint
@@ -12,13 +13,11 @@ from testing.fake_engine import FakeEngine, Replies, expected_row, make_service
 def test_windows_are_pooled_by_token_count_then_cut_and_normalised():
     endpoint = Endpoint(make_service(FakeEngine()))
     seqs = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]  # text 0: windows 0-2, text 1: window 3
-    ids = np.concatenate([np.array(s, dtype=np.int64) for s in seqs])
     replies = Replies()
-    endpoint.submit(ids, np.array([len(s) for s in seqs]), RequestOptions(normalize=False), replies.callback("raw"),
-                    text_windows=np.array([3, 1]))
-    endpoint.submit(ids, np.array([len(s) for s in seqs]),
-                    RequestOptions(dimensions=2, embedding_types=("float", "ubinary")), replies.callback("cut"),
-                    text_windows=np.array([3, 1]))
+    endpoint.submit(RaggedTokens.from_rows(seqs, windows=[3, 1], options=RequestOptions(normalize=False)),
+                    replies.callback("raw"))
+    endpoint.submit(RaggedTokens.from_rows(seqs, windows=[3, 1], options=RequestOptions(
+        dimensions=2, embedding_types=("float", "ubinary"))), replies.callback("cut"))
     replies.wait_for(2)
     rows = np.array([expected_row(s) for s in seqs], dtype=np.float64)
     weights = np.array([3, 2, 1], dtype=np.float64)
@@ -36,7 +35,7 @@ def test_windows_are_pooled_by_token_count_then_cut_and_normalised():
 def test_windows_that_do_not_add_up_are_refused(windows):
     endpoint = Endpoint(make_service(FakeEngine()))
     with pytest.raises(InputError, match="TEXT_WINDOWS") as refused:
-        endpoint.submit(np.arange(1, 5), np.array([1, 1, 1, 1]), RequestOptions(), lambda *a: None,
-                        text_windows=np.array(windows))
+        endpoint.submit(RaggedTokens(np.arange(1, 5), np.array([1, 1, 1, 1]), windows=np.array(windows),
+                                     options=RequestOptions()), lambda *a: None)
     assert refused.value.field == "TEXT_WINDOWS"
     endpoint.close()

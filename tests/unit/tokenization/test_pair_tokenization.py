@@ -46,9 +46,10 @@ def test_truncation_keeps_the_query_and_refusal_names_the_document(folders, kind
     limit = 100 if kind == "qwen3" else 24
     tok = PairTokenizer(folders[kind], PairTokenizerConfig(max_length=limit))
     docs = ["paris", "the eiffel tower stands in paris " * 20, "berlin"]
-    ids, lens, _ = tok.encode(QUERY, docs, RerankOptions())
+    tokens = tok.encode(QUERY, docs, RerankOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert lens[1] == limit and lens[0] < limit and lens[2] < limit
-    full_short = tok.encode(QUERY, ["paris"], RerankOptions())[0]
+    full_short = tok.encode(QUERY, ["paris"], RerankOptions()).input_ids
     long_pair = ids[lens[0]:lens[0] + lens[1]]
     prefix = len(full_short) - (len(tok.suffix) if kind == "qwen3" else 1) - 1  # up to the document's first token
     assert long_pair[:prefix].tolist() == full_short[:prefix].tolist()  # template + whole query kept
@@ -65,13 +66,14 @@ def test_instruction_only_for_models_that_take_one(folders):
         with pytest.raises(InputError, match="takes no instruction"):
             PairTokenizer(folders[kind], PairTokenizerConfig()).encode(QUERY, ["paris"], options)
     judge = PairTokenizer(folders["qwen3"], PairTokenizerConfig())
-    assert judge.encode(QUERY, ["paris"], options)[0].tolist() != judge.encode(QUERY, ["paris"], RerankOptions())[0].tolist()
+    assert judge.encode(QUERY, ["paris"], options).input_ids.tolist() != judge.encode(QUERY, ["paris"], RerankOptions()).input_ids.tolist()
 
 
 def test_segment_ids_only_where_the_family_has_them(folders):
     for kind, segments in (("bert", True), ("xlm-roberta", False), ("qwen3", False)):
-        ids, lens, types = PairTokenizer(folders[kind], PairTokenizerConfig()).encode(QUERY, ["paris"], RerankOptions())
-        assert (types.size == ids.size) if segments else types.size == 0, kind
+        tokens = PairTokenizer(folders[kind], PairTokenizerConfig()).encode(QUERY, ["paris"], RerankOptions())
+        ids, lens, types = tokens.input_ids, tokens.seq_lens, tokens.token_types
+        assert (types.size == ids.size) if segments else types is None, kind
 
 
 def test_xlm_roberta_pairs_fit_its_positions(folders):
@@ -93,7 +95,8 @@ def test_identity_activation_from_config_matches_cross_encoder(tmp_path):
     config["sentence_transformers"] = {"activation_fn": "torch.nn.modules.linear.Identity"}
     path.write_text(json.dumps(config))
     docs = ["paris is the capital", "berlin"]
-    ids, lens, types = PairTokenizer(str(tmp_path), PairTokenizerConfig()).encode(QUERY, docs, RerankOptions())
+    tokens = PairTokenizer(str(tmp_path), PairTokenizerConfig()).encode(QUERY, docs, RerankOptions())
+    ids, lens, types = tokens.input_ids, tokens.seq_lens, tokens.token_types
     bounds = np.concatenate([[0], np.cumsum(lens)])
     split = lambda flat: [flat[bounds[i]:bounds[i + 1]] for i in range(len(lens))]
     engine = ModelRunner(str(tmp_path), device="cpu", task="score")

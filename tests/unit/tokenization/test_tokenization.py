@@ -24,21 +24,25 @@ def test_max_length_from_sentence_transformers_config(tokenizer):
 
 
 def test_no_padding_flat_output(tokenizer):
-    ids, lens = tokenizer.encode(["hi", "a longer sentence here"], RequestOptions())
+    tokens = tokenizer.encode(["hi", "a longer sentence here"], RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert ids.dtype == np.int64 and lens.tolist()[0] < lens.tolist()[1]
     assert ids.size == lens.sum() and 0 not in ids  # 0 is [PAD]
 
 
 def test_templates_by_input_type(tokenizer):
-    query_ids, _ = tokenizer.encode(["cats"], RequestOptions(input_type="query"))
-    doc_ids, _ = tokenizer.encode(["cats"], RequestOptions(input_type="document"))
+    tokens = tokenizer.encode(["cats"], RequestOptions(input_type="query"))
+    query_ids = tokens.input_ids
+    tokens = tokenizer.encode(["cats"], RequestOptions(input_type="document"))
+    doc_ids = tokens.input_ids
     plain = tokenizer._full.encode("query: cats").ids
     assert query_ids.tolist() == plain and doc_ids.tolist() != plain
 
 
 def test_truncation_and_refusal(tokenizer):
     long_text = "word " * 600
-    ids, lens = tokenizer.encode([long_text, "short"], RequestOptions())
+    tokens = tokenizer.encode([long_text, "short"], RequestOptions())
+    ids, lens = tokens.input_ids, tokens.seq_lens
     assert lens[0] == 256
     with pytest.raises(InputError, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum of 256"):
         tokenizer.encode([long_text], RequestOptions(truncate=False))
@@ -118,9 +122,11 @@ def test_truncation_from_the_left_keeps_the_end_as_transformers_does(model_dir, 
     for side, direction in (("left", "left"), ("right", "right")):
         reference = AutoTokenizer.from_pretrained(model_dir, truncation_side=side)
         expected = reference(text, truncation=True, max_length=256)["input_ids"]
-        ids, lens = ours.encode([text], RequestOptions(truncation_direction=direction))
+        tokens = ours.encode([text], RequestOptions(truncation_direction=direction))
+        ids, lens = tokens.input_ids, tokens.seq_lens
         assert ids.tolist() == expected and lens.tolist() == [256], direction
-    left, _ = ours.encode([text], RequestOptions(truncation_direction="left"))
+    tokens = ours.encode([text], RequestOptions(truncation_direction="left"))
+    left = tokens.input_ids
     assert left[-2] == ours._full.encode(text).ids[-2]  # the text's last token before [SEP]
 
 
@@ -136,9 +142,10 @@ def test_calibration_texts_tokenize_as_requests_of_their_input_type(model_dir):
 
     pairs = calibration_texts()
     assert len(pairs) >= 150 and {k for k, _ in pairs} == {"query", "document"}
-    ids, lens = calibration_sequences(model_dir)
+    sequences = calibration_sequences(model_dir)
+    ids, lens = sequences.input_ids, sequences.lengths
     tokenizer = TextTokenizer(model_dir, TokenizerConfig())
-    expected = [tokenizer.encode([t], RequestOptions(input_type=k))[0].tolist() for k, t in pairs]
+    expected = [tokenizer.encode([t], RequestOptions(input_type=k)).input_ids.tolist() for k, t in pairs]
     assert lens == [len(e) for e in expected] and ids.tolist() == [t for e in expected for t in e]
 
 
@@ -148,10 +155,12 @@ LONG_DOC = " ".join(f"w{i} sentence {i}." for i in range(400))  # about 2,400 to
 @pytest.mark.parametrize("input_type", ["query", "document"])
 def test_chunking_splits_a_long_text_into_windows_of_its_own_tokens(tokenizer, input_type):
     options = RequestOptions(input_type=input_type, chunking="mean")
-    ids, lens, windows = tokenizer.encode_windows([LONG_DOC, "short one"], options)
+    tokens = tokenizer.encode_windows([LONG_DOC, "short one"], options)
+    ids, lens, windows = tokens.input_ids, tokens.seq_lens, tokens.windows
     assert lens.sum() == ids.size and windows.sum() == lens.size and windows[1] == 1
     parts = np.split(ids, np.cumsum(lens)[:-1])
-    plain, _ = tokenizer.encode(["short one"], options)
+    tokens = tokenizer.encode(["short one"], options)
+    plain = tokens.input_ids
     assert parts[-1].tolist() == plain.tolist()  # a text within the maximum: one window, as without chunking
     prefix = tokenizer._full.encode(tokenizer.prefixes[input_type], add_special_tokens=False).ids
     body = tokenizer._full.encode(LONG_DOC, add_special_tokens=False).ids
