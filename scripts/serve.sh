@@ -13,8 +13,8 @@
 # NAME_encoder; the gateway's `model` field picks them (rose_triton/models_file.py).
 # Beside Triton it starts the OpenAI-compatible gateway (python -m gateway) on
 # --host:--gateway-port (default 8080) unless --no-gateway. On a --host other
-# machines reach, the gateway needs API keys (ROSE_GATEWAY_API_KEYS or
-# ROSE_GATEWAY_API_KEY_FILE) or ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1: without
+# machines reach, the gateway needs API keys (ROSE_GATEWAY_API_KEYS,
+# ROSE_GATEWAY_API_KEY_FILE or ROSE_GATEWAY_KEYS_FILE) or ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1: without
 # either, serve.sh refuses to start (exit 1, naming them).
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,

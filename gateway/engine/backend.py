@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from rose_wire import (
     TEXT_WINDOWS,
 )
 
+from .. import stages
 from ..config import GatewayConfig
 from ..metrics import GatewayMetrics
 from .tokenizing import Encoded
@@ -167,7 +169,7 @@ class Backend:
         # waiting chunks of other requests to the same encoder, alike (parameters, windows or not), may share a call
         merge = Merge((encoder, encoded.windows is not None, parameters_key(parameters)), self.config.max_chunk_tokens,
                       self.config.max_chunk_texts)
-        parts = await self.dispatcher.run(chunks, call, merge=merge)
+        parts = await self._run(chunks, call, merge)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def embed_types(self, encoded: Encoded, types: list[str], dimensions: int,
@@ -187,7 +189,7 @@ class Backend:
                         names[0], parameters, rows=chunk.num_texts, outputs=names)
 
         self.metrics.chunks.labels("embed_v2").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        parts = await self._run(chunks, call)
         return {TYPE_OF_OUTPUT[n]: np.concatenate([p[n] for p in parts]) for n in names}
 
     async def int8_ranges(self, dimensions: int, encoder: str = ROSE_ENCODER) -> np.ndarray:
@@ -196,8 +198,8 @@ class Backend:
         chunks = plan_chunks([1], 1, 1)
         parameters = {"embedding_types": "int8_ranges", **({"dimensions": dimensions} if dimensions else {})}
         sequence = {INPUT_IDS: np.zeros(1, dtype=np.int64), SEQ_LENS: np.ones(1, dtype=np.int64)}
-        (ranges,) = await self.dispatcher.run(chunks, lambda chunk: Call(encoder, sequence, INT8_RANGES,
-                                                                         parameters, rows=2))
+        (ranges,) = await self._run(chunks, lambda chunk: Call(encoder, sequence, INT8_RANGES, parameters, rows=2),
+                                    inputs=False)
         return ranges
 
     async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
@@ -215,5 +217,25 @@ class Backend:
         self.metrics.chunks.labels("rerank").inc(len(chunks))
         limit = self.config.max_rerank_chunk_documents  # the wire carries one query: same query, same call
         merge = Merge((model, query, parameters_key(parameters)), limit, limit, frozenset({QUERY}))
-        parts = await self.dispatcher.run(chunks, call, merge=merge)
+        parts = await self._run(chunks, call, merge)
         return np.concatenate(parts).reshape(-1)
+
+    async def _run(self, chunks: list[Chunk], call, merge: Merge | None = None, inputs: bool = True) -> list:
+        """The dispatcher's run of `chunks`, marking the request's stages (gateway/stages.py): when its
+        first chunk leaves the queue and when the last is answered; `inputs`: its chunks' texts count
+        as the request's inputs."""
+        record = stages.current()
+        if record is None:
+            return await self.dispatcher.run(chunks, call, merge=merge)
+        if inputs:
+            record.inputs += sum(chunk.num_texts for chunk in chunks)
+
+        def sent(chunk: Chunk) -> Call:
+            if not record.first_sent:
+                record.first_sent = time.perf_counter()
+            return call(chunk)
+
+        try:
+            return await self.dispatcher.run(chunks, sent, merge=merge)
+        finally:
+            record.answered = time.perf_counter()
