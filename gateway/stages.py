@@ -32,6 +32,7 @@ class RequestRecord:
     inputs: int = 0              # inputs embedded or documents reranked
     tokens: int = 0              # tokens sent to the encoders (usage's count; rerank: the admitted bound)
     trace_id: str | None = None
+    span: object = None          # the request's span when traces are on (gateway/traced.py)
     extra_headers: dict[str, str] = field(default_factory=dict)  # e.g. the key's rate-limit state
 
     def ms(self, start: float, end: float) -> float:

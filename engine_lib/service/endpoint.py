@@ -105,11 +105,12 @@ class Endpoint:
     def submit(self, input_ids: np.ndarray, seq_lens: np.ndarray, options, on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None,
                token_types: Optional[np.ndarray] = None, received_at: Optional[float] = None,
-               text_windows: Optional[np.ndarray] = None) -> int:
+               text_windows: Optional[np.ndarray] = None, trace: Optional[Callable] = None) -> int:
         """Queue one request; raises InputError/OverloadError before queuing anything. `on_done`
         gets ({tensor name: array}, None) or (None, error). `received_at`: time.perf_counter()
         when the adapter got it (hop timing). `text_windows`: sequences per text (chunking=mean),
-        pooled into one row each (outputs.pool_windows) before the answer is made."""
+        pooled into one row each (outputs.pool_windows) before the answer is made. `trace`: the
+        request's trace hook (batching.py, engine_lib/tracing.py), None when it is not traced."""
         needs_ranges = self.output.needs_ranges(options)
         try:
             input_ids, lens = check_sequences(input_ids, seq_lens, self.limits)
@@ -144,7 +145,8 @@ class Endpoint:
             self.calibration.when_ready(self.service.submit, lambda failed: answer(None, failed))
             return 0
         priority = getattr(options, "priority", "") or default_priority(len(lens), input_ids.size)
-        return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at, priority)
+        return self.service.submit(input_ids, lens, finish, is_cancelled, token_types, received_at, priority,
+                                   trace=trace)
 
     def gauges(self) -> dict:
         """Queue depth (in all and by class), the load-time self-check figure and the batch token budget

@@ -34,12 +34,15 @@ from rose_wire import (
     TEXT_WINDOWS,
 )
 
+from engine_lib import tracing
+
 from .. import stages
 from ..config import GatewayConfig
 from ..metrics import GatewayMetrics
 from .tokenizing import Encoded
 
 log = logging.getLogger("gateway")
+SERVICE = "rose-gateway"  # the traces' service name unless OTEL_SERVICE_NAME
 TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
 
 
@@ -229,13 +232,25 @@ class Backend:
             return await self.dispatcher.run(chunks, call, merge=merge)
         if inputs:
             record.inputs += sum(chunk.num_texts for chunk in chunks)
+        if record.span is not None:  # traces on (engine_lib/tracing.py): a span per encoder call
+            from .. import traced
+
+            spans = traced.CallSpans(tracing.tracer(SERVICE), record, call)
+            call, merge = spans.sent, traced.traced_merge(merge)
 
         def sent(chunk: Chunk) -> Call:
             if not record.first_sent:
                 record.first_sent = time.perf_counter()
             return call(chunk)
 
+        if record.span is None:
+            try:
+                return await self.dispatcher.run(chunks, sent, merge=merge)
+            finally:
+                record.answered = time.perf_counter()
         try:
-            return await self.dispatcher.run(chunks, sent, merge=merge)
+            await self.dispatcher.run(chunks, sent, spans.answered, merge=merge)
+            return [spans.results[chunk.index] for chunk in chunks]
         finally:
             record.answered = time.perf_counter()
+            spans.close()

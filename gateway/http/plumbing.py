@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine_lib import tracing
 from rose_client.aio import ChunkRefused, DispatchFault, JobFailed
 from rose_wire import (
     DEFAULT_EMBEDDER,
@@ -29,7 +30,7 @@ from rose_wire import (
 )
 
 from ..config import GatewayConfig, served_model_name
-from ..engine.backend import Backend
+from ..engine.backend import SERVICE, Backend
 from .. import stages
 from ..engine.routing import EmbedderRoute, RerankerRoute, max_pair_tokens, read_limits, read_routes
 from ..engine.tokenizing import GatewayTokenizer, TokenizeQueue
@@ -73,6 +74,7 @@ class Gateway:
         self.started = time.time()
         self.limits = KeyLimits(config.api_keys, config.keys_file, self.metrics)
         self.access_log = AccessLog(config.access_log)
+        tracing.tracer(SERVICE)  # set up now when traces are on (engine_lib/tracing.py); off: nothing loads
 
     async def start(self) -> None:
         await self.backend.start()
@@ -194,7 +196,12 @@ def endpoint(gateway: Gateway, name: str, handler: Handler, limited: bool = Fals
 
     async def run(request: Request) -> Response:
         record = stages.begin()
-        record.trace_id = incoming_trace_id(request)
+        if (tracer := tracing.tracer(SERVICE)) is not None:  # traces on (engine_lib/tracing.py)
+            from .. import traced
+
+            traced.start(tracer, request.method, request.url.path, request.headers.get("traceparent", ""), record)
+        else:
+            record.trace_id = incoming_trace_id(request)
         started = record.started
         try:
             async with asyncio.timeout(limit_s) as deadline:

@@ -12,6 +12,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine_lib import tracing
+
 from ..stages import RequestRecord
 
 ACCESS_LOGGER = "gateway.access"
@@ -66,6 +68,10 @@ class AccessLog:
 def finish(request: Request, response: Response, record: RequestRecord, access_log: AccessLog) -> None:
     """Stamp the answer: the timing headers and the record's own (rate limits), then the log line."""
     record.finished = time.perf_counter()
+    if record.span is not None:  # traces on
+        from .. import traced
+
+        response.headers["traceparent"] = traced.end(tracing.tracer(""), record, response.status_code)
     response.headers.update(timing_headers(record))
     if record.extra_headers:
         response.headers.update(record.extra_headers)

@@ -14,6 +14,7 @@ from engine_lib.config import EncoderConfig
 from engine_lib.errors import InputError, OverloadError
 from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
+from engine_lib.tracing import split_parameters, tracer
 from engine_lib.tokenization.calibration import calibration_sequences
 from rose_triton.errors import triton_error
 from rose_triton.faults import start_stub
@@ -54,6 +55,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         self.sink = TritonMetricSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
         self.publisher = MetricsPublisher(self.encoder.service.metrics, self.encoder.gauges, self.sink)
+        self.tracer, self.name = tracer("rose-triton"), args["model_name"]
 
     def execute(self, requests):
         received_at = time.perf_counter()
@@ -63,20 +65,31 @@ class TritonPythonModel:
             try:
                 input_ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS).as_numpy()
                 seq_lens = pb_utils.get_input_tensor_by_name(request, SEQ_LENS).as_numpy()
-                options = output.select(output.options_type.from_parameters(request.parameters()),
+                parameters, parents = split_parameters(request.parameters())
+                options = output.select(output.options_type.from_parameters(parameters),
                                         request.requested_output_names(), self.outputs)
                 self.encoder.submit(input_ids, seq_lens, options,
                                     lambda result, error, sender=sender: _respond(sender, result, error),
                                     is_cancelled=sender.is_cancelled,
                                     token_types=_optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
                                     received_at=received_at,
-                                    text_windows=_optional_input(request, TEXT_WINDOWS) if self.takes_windows else None)
+                                    text_windows=_optional_input(request, TEXT_WINDOWS) if self.takes_windows else None,
+                                    trace=self._trace(parents, seq_lens))
             except (InputError, OverloadError) as exc:
                 _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response
                 pb_utils.Logger.log_error(f"{name} encoder: request failed: {exc!r}")
                 _respond(sender, None, exc)
         return None
+
+    def _trace(self, parents, seq_lens):
+        """The request's trace hook (engine_lib/otel.py), None when traces are off or it has no context."""
+        if self.tracer is None or not parents:
+            return None
+        from engine_lib.otel import encoder_spans
+
+        attributes = {"rose.model": self.name, "rose.sequences": len(seq_lens), "rose.tokens": int(seq_lens.sum())}
+        return lambda r, sent_at: encoder_spans(self.tracer, self.name, parents, r, sent_at, attributes)
 
     def finalize(self):
         self.encoder.close()
