@@ -123,3 +123,16 @@ def encoder_spans(tracer, model: str, parents: Sequence[str], request, sent_at: 
                                    ("respond", request.ready, sent_at)],
                     {"batch formed": {"rose.batch_sequences": sequences, "rose.batch_tokens": tokens}})
         span.end(end_time=wall_ns(sent_at, now_perf, now_ns))
+
+
+def triton_context(inference_trace) -> tuple[str, ...]:
+    """The traceparent of Triton's own trace of a request (pb_utils.InferenceTrace.get_context(): JSON
+    of the W3C headers in Triton's OpenTelemetry mode), or () when Triton does not trace it."""
+    import json
+
+    try:
+        context = inference_trace.get_context() if inference_trace is not None else None
+        value = json.loads(context).get("traceparent") if context else None
+    except (ValueError, AttributeError, TypeError):
+        return ()
+    return (value,) if isinstance(value, str) and value else ()

@@ -2,6 +2,7 @@
 set, sending to a real OTLP/HTTP receiver on loopback (decoded with opentelemetry-proto). One
 request gives one trace under the client's `traceparent`: the gateway's spans, the encoder's,
 linked parent to child; requests whose chunks share one encoder call keep separate traces."""
+import base64
 import concurrent.futures
 import http.client
 import json
@@ -11,6 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -31,6 +33,21 @@ def _value(any_value):
     return getattr(any_value, any_value.WhichOneof("value")) if any_value.WhichOneof("value") else None
 
 
+def decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """OTLP/HTTP in protobuf (the gateway's and the stubs' exporter) or JSON (Triton's: ids in hex,
+    which protobuf's JSON mapping reads as base64)."""
+    if "json" not in content_type:
+        return ExportTraceServiceRequest.FromString(body)
+    document = json.loads(body)
+    for resource_spans in document.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                for name in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(name):
+                        span[name] = base64.b64encode(bytes.fromhex(span[name])).decode()
+    return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+
+
 class Receiver:
     """An OTLP/HTTP trace receiver: every span it is sent, with its service name."""
 
@@ -42,7 +59,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest.FromString(body)
+                request = decode(body, self.headers.get("Content-Type", ""))
                 found = []
                 for resource_spans in request.resource_spans:
                     resource = {kv.key: _value(kv.value) for kv in resource_spans.resource.attributes}
@@ -183,3 +200,29 @@ def test_requests_sharing_an_encoder_call_keep_their_own_traces(traced):
         assert encoder["parent"] == call["id"]
     span_ids = {n: {s["id"] for spans in traces[n].values() for s in spans} for n in "abc"}
     assert not span_ids["a"] & span_ids["b"] and not span_ids["b"] & span_ids["c"] and not span_ids["a"] & span_ids["c"]
+
+
+def test_a_direct_triton_call_continues_the_clients_trace_into_the_encoder(traced):
+    """Triton adopts a traceparent sent with a call (gRPC metadata here); the unary front passes its
+    trace on to the encoder (BLS), whose stub writes its stages under Triton's span of it."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    receiver, server, _, _ = traced
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    text = grpcclient.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a direct call"], dtype=np.object_))
+    grpcclient.InferenceServerClient(server.grpc_url).infer(
+        "embed", [text], headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+
+    def ready():
+        spans = receiver.trace(trace_id)
+        names = [s["name"] for s in spans]
+        return spans if names.count("rose_encoder") == 2 and ENCODER_STAGES <= set(names) and "embed" in names else None
+    by_name = check_linked(wait_until(ready, 60, "Triton's and the encoder's spans", 0.05), client_span)
+    (front,) = by_name["embed"]
+    triton_encoder = next(s for s in by_name["rose_encoder"] if s["service"] != "rose-triton")
+    stub_encoder = next(s for s in by_name["rose_encoder"] if s["service"] == "rose-triton")
+    assert triton_encoder["parent"] == front["id"] and stub_encoder["parent"] == triton_encoder["id"]
+    for name in ENCODER_STAGES:
+        assert [s["parent"] for s in by_name[name]] == [stub_encoder["id"]], name

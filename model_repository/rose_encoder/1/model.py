@@ -33,6 +33,16 @@ def _respond(sender, result, error):
     sender.send(response, flags=FINAL)
 
 
+def _triton_context(request, tracer):
+    """The context of Triton's own trace of `request` (a client's traceparent that Triton adopted, or
+    a trace it sampled), so direct calls (ensemble, embed) get the encoder's spans too; () when off."""
+    if tracer is None:
+        return ()
+    from engine_lib.otel import triton_context
+
+    return triton_context(request.trace())
+
+
 def _optional_input(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
@@ -74,7 +84,7 @@ class TritonPythonModel:
                                     token_types=_optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
                                     received_at=received_at,
                                     text_windows=_optional_input(request, TEXT_WINDOWS) if self.takes_windows else None,
-                                    trace=self._trace(parents, seq_lens))
+                                    trace=self._trace(parents or _triton_context(request, self.tracer), seq_lens))
             except (InputError, OverloadError) as exc:
                 _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response
