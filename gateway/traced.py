@@ -10,7 +10,7 @@ import dataclasses
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from engine_lib.otel import parse_traceparent, stage_spans, traceparent
+from engine_lib.otel import parse_traceparent, stage_spans, traceparent, wall_ns
 from engine_lib.tracing import PARAMETER
 from rose_client.coalesce import Merge
 
@@ -20,7 +20,8 @@ from .stages import RequestRecord
 def start(tracer, method: str, path: str, incoming: str, record: RequestRecord) -> None:
     parent = parse_traceparent(incoming) if incoming else None
     record.span = tracer.start_span(f"{method} {path}", context=parent, kind=SpanKind.SERVER,
-                                    attributes={"http.request.method": method, "url.path": path})
+                                    attributes={"http.request.method": method, "url.path": path},
+                                    start_time=wall_ns(record.started))
     record.trace_id = f"{record.span.get_span_context().trace_id:032x}"
 
 

@@ -68,6 +68,7 @@ class Receiver:
                             found.append({"trace": span.trace_id.hex(), "id": span.span_id.hex(),
                                           "parent": span.parent_span_id.hex(), "name": span.name,
                                           "service": resource.get("service.name"),
+                                          "start_ns": span.start_time_unix_nano, "end_ns": span.end_time_unix_nano,
                                           "attributes": {kv.key: _value(kv.value) for kv in span.attributes}})
                 with receiver.lock:
                     receiver.spans += found
