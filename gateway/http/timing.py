@@ -3,7 +3,7 @@ What each figure measures is the stage boundaries of gateway/stages.py; docs/ope
 "Timing headers and the access log", says it for operators."""
 from __future__ import annotations
 
-import logging
+import os
 import re
 import sys
 import time
@@ -16,7 +16,6 @@ from engine_lib import tracing
 
 from ..stages import RequestRecord
 
-ACCESS_LOGGER = "gateway.access"
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
@@ -46,33 +45,33 @@ def access_line(request: Request, response: Response, record: RequestRecord) -> 
 
 
 class AccessLog:
-    """`target`: '-' (standard error), 'off', or a file appended to."""
+    """`target`: '-' (standard error), 'off', or a file appended to. One write per line, unbuffered:
+    lines of several worker processes never interleave (O_APPEND, or one pipe write each)."""
 
     def __init__(self, target: str):
-        self.logger = None
-        if target == "off":
-            return
-        self.logger = logging.getLogger(ACCESS_LOGGER)
-        self.logger.propagate = False  # the line alone, not under the gateway's log format
-        self.logger.setLevel(logging.INFO)
-        if not self.logger.handlers:
-            handler = logging.StreamHandler(sys.stderr) if target == "-" else logging.FileHandler(target)
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            self.logger.addHandler(handler)
+        self.fd = None
+        if target == "-":
+            self.fd = sys.stderr.fileno()
+        elif target != "off":
+            self.fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, request: Request, response: Response, record: RequestRecord) -> None:
-        if self.logger is not None:
-            self.logger.info(access_line(request, response, record).decode())
+        if self.fd is not None:
+            try:
+                os.write(self.fd, access_line(request, response, record) + b"\n")
+            except OSError:  # a full disk or a closed pipe costs the line, never the answer
+                pass
 
 
 def finish(request: Request, response: Response, record: RequestRecord, access_log: AccessLog) -> None:
     """Stamp the answer: the timing headers and the record's own (rate limits), then the log line."""
     record.finished = time.perf_counter()
+    headers = timing_headers(record)
     if record.span is not None:  # traces on
         from .. import traced
 
-        response.headers["traceparent"] = traced.end(tracing.tracer(""), record, response.status_code)
-    response.headers.update(timing_headers(record))
-    if record.extra_headers:
-        response.headers.update(record.extra_headers)
+        headers["traceparent"] = traced.end(tracing.tracer(""), record, response.status_code)
+    headers.update(record.extra_headers)
+    # appended as raw pairs: none of these names is set before (MutableHeaders would rescan per name)
+    response.raw_headers.extend((name.encode(), value.encode()) for name, value in headers.items())
     access_log.write(request, response, record)
