@@ -34,6 +34,8 @@ class GatewayConfig:
     rerank_model_name: str = "rerank"
     models_file: str = ""               # models served by name (rose_triton/models_file.py); "" = none
     api_keys: frozenset[str] = field(default_factory=frozenset)
+    keys_file: str = ""                 # named keys with limits (gateway/http/keys.py); "" = none
+    access_log: str = "-"               # one JSON line per request: "-" standard error, "off", or a file
     max_inflight_per_replica: int = 4
     max_chunk_attempts: int = 4         # failures of one chunk before its request fails (429/503)
     max_chunk_tokens: int = 2048
@@ -70,9 +72,9 @@ class GatewayConfig:
         if self.max_buffered_body_bytes < self.max_body_bytes:
             raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be >= max_body_bytes "
                              f"({self.max_body_bytes}): a body of the largest size could never be taken")
-        if not self.api_keys and not self.allow_unauthenticated and not is_loopback(self.host):
+        if not self.api_keys and not self.keys_file and not self.allow_unauthenticated and not is_loopback(self.host):
             raise ValueError(f"--host {self.host} is reachable from other machines and no API key is set: set "
-                             "ROSE_GATEWAY_API_KEYS or --api-key-file, or pass --allow-unauthenticated "
+                             "ROSE_GATEWAY_API_KEYS, --api-key-file or --keys-file, or pass --allow-unauthenticated "
                              "(ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1) to serve without keys")
 
 
@@ -158,6 +160,12 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
                         "serves by name to its own Triton models (gateway/engine/routing.py)")
     p.add_argument("--api-key-file", default=os.environ.get("ROSE_GATEWAY_API_KEY_FILE"),
                    help="require Authorization: Bearer with one of these keys (also ROSE_GATEWAY_API_KEYS)")
+    p.add_argument("--keys-file", default=os.environ.get("ROSE_GATEWAY_KEYS_FILE", ""),
+                   help="named keys with their models and limits (JSON or YAML, re-read when it changes; also "
+                        "ROSE_GATEWAY_KEYS_FILE): docs/operations.md, \"Per-key limits\"")
+    p.add_argument("--access-log", default=os.environ.get("ROSE_GATEWAY_ACCESS_LOG", "-"), metavar="FILE",
+                   help="one JSON line per request: '-' standard error (default), 'off', or a file (also "
+                        "ROSE_GATEWAY_ACCESS_LOG)")
     p.add_argument("--allow-unauthenticated", action="store_true",
                    default=os.environ.get("ROSE_GATEWAY_ALLOW_UNAUTHENTICATED", "") == "1",
                    help="serve without API keys on an address other machines reach (refused otherwise; also "
@@ -183,6 +191,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         model_dir=args.model_dir, model_name=args.model_name, tokenizer_config=args.tokenizer_config,
         rerank_tokenizer_config=args.rerank_tokenizer_config,
         rerank_model_name=args.rerank_model_name, models_file=args.models_file, api_keys=read_api_keys(args.api_key_file),
+        keys_file=args.keys_file, access_log=args.access_log,
         max_inflight_per_replica=args.max_inflight_per_replica, max_chunk_attempts=args.max_chunk_attempts,
         max_chunk_tokens=args.max_chunk_tokens,
         max_chunk_texts=args.max_chunk_texts, max_rerank_chunk_documents=args.max_rerank_chunk_documents,

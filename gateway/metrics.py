@@ -29,6 +29,14 @@ class GatewayMetrics:
                                ["replica"], registry=r)
         self.disconnects = Counter("gateway_client_disconnects", "Requests whose client left before the answer "
                                    "(their queued chunks were dropped)", registry=r)
+        # per key name of the keys file (gateway/http/keys.py), never the key
+        self.key_requests = Counter("gateway_key_requests", "Requests answered per key name, by status",
+                                    ["key", "status"], registry=r)
+        self.key_tokens = Counter("gateway_key_tokens", "Tokens of answered requests per key name (usage's count; "
+                                  "rerank: the admitted bound)", ["key"], registry=r)
+        self.key_refusals = Counter("gateway_key_refusals", "Requests refused per key name, by the limit reached: "
+                                    "requests_per_minute, tokens_per_minute, concurrent_requests, models",
+                                    ["key", "limit"], registry=r)
         live = "livesum"  # several workers: the sum over the live ones
         self.inflight = Gauge("gateway_replica_inflight", "Chunks in flight per replica", ["replica"], registry=r,
                               multiprocess_mode=live)

@@ -125,6 +125,7 @@ class Supervisor:
     def run(self) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="rose-gateway-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it (spawned after this)
+        os.environ["ROSE_GATEWAY_LIMITS_DB"] = os.path.join(metrics_dir, "limits.sqlite")  # gateway/http/limits.py
         from prometheus_client import multiprocess
 
         signal.signal(signal.SIGTERM, self._stop)

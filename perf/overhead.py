@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -25,7 +26,7 @@ from engine_lib.options import RequestOptions
 from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.tokenization.text import TextTokenizer
-from rose_triton.server import TritonServer
+from rose_triton.server import TritonServer, free_port
 from testing.tiny_models import save_random_model
 
 from . import PEERS, REPO, machine, procstat
@@ -45,7 +46,10 @@ PATHS = {
     "floor_ensemble": ("floor: our ensemble's shape, a tokenizer model and floor_thread doing no work, gRPC stream",
                        False, False),
     "padded": ("text, usual Triton way (padded HF model, dynamic batcher), gRPC infer", True, True),
+    "gateway": ("text, the gateway's `/v1/embeddings` (HTTP, JSON floats) to `rose_encoder` (gRPC stream); "
+                "server CPU: the gateway's too", True, True),
 }
+OPT_IN = ("gateway",)  # run only when named in --cells (each server then starts its gateway)
 ONLY_CURRENT = ("floor_execute", "floor_thread", "floor_ensemble", "padded")  # do not depend on our code
 TINY_SHAPE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json",
@@ -96,13 +100,13 @@ class Settings:
     load_rounds: int = 2            # windows per server and load cell, alternating order
     concurrencies: tuple = (1, 8)
     load_paths: tuple = ("ensemble", "tokens", "padded", "floor_execute", "floor_ensemble")
-    paths: tuple = tuple(PATHS)
+    paths: tuple = tuple(p for p in PATHS if p not in OPT_IN)
 
     def only(self, paths: list[str]) -> "Settings":
         if unknown := sorted(set(paths) - set(PATHS)):
             raise SystemExit(f"unknown path(s) {unknown}; known: {', '.join(PATHS)}")
-        return replace(self, paths=tuple(p for p in self.paths if p in paths),
-                       load_paths=tuple(p for p in self.load_paths if p in paths))
+        return replace(self, paths=tuple(p for p in PATHS if p in paths),
+                       load_paths=tuple(p for p in (*self.load_paths, *OPT_IN) if p in paths))
 
     def scaled(self, factor: float) -> "Settings":
         return replace(self, per_round=max(5, int(self.per_round * factor)),
@@ -118,11 +122,21 @@ class Variant:
     root: Path
     server: TritonServer | None = None
     triton_pid: int | None = None
+    env: dict | None = None  # the server's own environment (the traced variant's OTLP settings)
+
+    @property
+    def cpu_root(self) -> int:
+        """Whose process tree a window's server CPU is: tritonserver's, or the launcher's when it also runs
+        the gateway (tritonserver, its stubs and the gateway)."""
+        return self.server.process.pid if self.server.gateway_url else self.triton_pid
 
 
 def spec(path: str, server: TritonServer):
     """The client of one path (one picklable spec, `connect() -> call(request)`)."""
     host, port = server.http_url.rsplit(":", 1)
+    if path == "gateway":
+        host, port = server.gateway_url.removeprefix("http://").rsplit(":", 1)
+        return HttpJson(host, int(port), "/v1/embeddings", model=server.served_name)
     return {"tokens": RoseStream(server.grpc_url, pre_tokenized=True), "ensemble": RoseStream(server.grpc_url),
             "generate": HttpJson(host, int(port), "/v2/models/ensemble/generate"),
             "unary_grpc": TritonUnary(server.grpc_url, "embed"),
@@ -182,18 +196,25 @@ def export_ref(ref: str, parent: Path) -> Path:
     return dest
 
 
+TRACED = "current+traces"
+
+
 def variants_for(compare: list[str], work: Path) -> list[Variant]:
-    """"current" first (it also serves the floor and the padded baseline), then the --compare refs."""
-    return [Variant("current", REPO)] + [Variant(ref, export_ref(ref, work)) for ref in compare]
+    """"current" first (it also serves the floor and the padded baseline), then the --compare refs;
+    the ref `traces` is this tree with traces on, every request sampled, spans sent to a sink."""
+    return [Variant("current", REPO)] + [Variant(TRACED, REPO) if ref == "traces" else Variant(ref, export_ref(ref, work))
+                                         for ref in compare]
 
 
-def start(variants: list[Variant], model_dir: str, extra_repositories: list[Path], log_dir: Path) -> None:
+def start(variants: list[Variant], model_dir: str, extra_repositories: list[Path], log_dir: Path,
+          gateway: bool = False) -> None:
     for i, variant in enumerate(variants):
         extra = [a for repo in (extra_repositories if i == 0 else []) for a in ("--model-repository", str(repo))]
         log(f"starting tritonserver for {variant.name} ({variant.root}; log {log_dir / (variant.name + '.log')})")
         variant.server = TritonServer(log_dir / f"{variant.name.replace('/', '_')}.log",
-                                      env={"ROSE_MODEL_DIR": model_dir, "ROSE_WATCHDOG": "0"},
-                                      extra_args=extra, ready_timeout=600, root=variant.root)
+                                      env={"ROSE_MODEL_DIR": model_dir, "ROSE_WATCHDOG": "0", **(variant.env or {})},
+                                      extra_args=extra, ready_timeout=600, root=variant.root, gateway=gateway)
+        variant.server.served_name = os.path.basename(model_dir.rstrip("/"))
         variant.triton_pid = procstat.find_named(variant.server.process.pid, "tritonserver")
         if variant.triton_pid is None:
             raise RuntimeError(f"{variant.name}: no tritonserver process under pid {variant.server.process.pid}")
@@ -233,11 +254,11 @@ class Window:
         self.variant = variant
 
     def __enter__(self):
-        self.cpu0, self.client0 = procstat.tree_cpu_seconds(self.variant.triton_pid), time.process_time()
+        self.cpu0, self.client0 = procstat.tree_cpu_seconds(self.variant.cpu_root), time.process_time()
         return self
 
     def __exit__(self, *exc):
-        self.cpu = procstat.diff(procstat.tree_cpu_seconds(self.variant.triton_pid), self.cpu0)
+        self.cpu = procstat.diff(procstat.tree_cpu_seconds(self.variant.cpu_root), self.cpu0)
         self.client = time.process_time() - self.client0
         return False
 
@@ -338,9 +359,16 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
                "variants": [v.name for v in variants],
                "paths_described": {p: PATHS[p][0] for p in settings.paths},
                "started": datetime.datetime.now().isoformat(timespec="seconds")}
+    sink = None
     try:
+        if any(v.name == TRACED for v in variants):
+            port = free_port()
+            sink = subprocess.Popen([sys.executable, "-m", "perf.otlp_sink", str(port)], cwd=REPO)
+            for variant in (v for v in variants if v.name == TRACED):
+                variant.env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                               "OTEL_TRACES_SAMPLER": "always_on"}
         start(variants, model_dir, [write_floor_repository(work / "floor", int(config["hidden_size"])), BASELINES],
-              work)
+              work, gateway=any(p in OPT_IN for p in settings.paths))
         results["paths"], extra = sequential(settings, variants, requests, reference, inproc)
         results.update(extra)
         step, tok = results["inproc"]["engine_step"]["p50_ms"], results["inproc"]["tokenizer"]["p50_ms"]
@@ -358,6 +386,8 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
                 variant.server.stop()
             except Exception as exc:  # shutting down: report, keep stopping the rest
                 log(f"while stopping {variant.name}: {exc}")
+        if sink is not None:
+            sink.kill()
     results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     results["machine"]["load_avg_at_end"] = os.getloadavg()
     return results

@@ -5,6 +5,7 @@
 #                    [--metrics-port N] [--model-dir DIR] [--rerank-model-dir DIR]
 #                    [--model NAME=DIR ...] [--rerank-model NAME=DIR ...] [--models-file FILE]
 #                    [--model-repository DIR] [--gateway-port N] [--no-gateway]
+#                    [--otlp-endpoint URL] [--trace-sample-ratio R]
 #                    [-- extra tritonserver flags]
 # --model-dir is the default embedder (models ensemble, embed, tokenizer, rose_encoder);
 # --model / --rerank-model (repeatable) and --models-file (JSON or YAML, with per-model
@@ -13,8 +14,8 @@
 # NAME_encoder; the gateway's `model` field picks them (rose_triton/models_file.py).
 # Beside Triton it starts the OpenAI-compatible gateway (python -m gateway) on
 # --host:--gateway-port (default 8080) unless --no-gateway. On a --host other
-# machines reach, the gateway needs API keys (ROSE_GATEWAY_API_KEYS or
-# ROSE_GATEWAY_API_KEY_FILE) or ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1: without
+# machines reach, the gateway needs API keys (ROSE_GATEWAY_API_KEYS,
+# ROSE_GATEWAY_API_KEY_FILE or ROSE_GATEWAY_KEYS_FILE) or ROSE_GATEWAY_ALLOW_UNAUTHENTICATED=1: without
 # either, serve.sh refuses to start (exit 1, naming them).
 # Environment: ROSE_MODEL_DIR (model folder; default: the embedded
 # all-MiniLM-L6-v2), ROSE_<PARAMETER> (overrides that config.pbtxt parameter,
@@ -23,7 +24,9 @@
 # parameters), ROSE_MODEL_<NAME>_<PARAMETER> (a parameter of the model served
 # as NAME, upper-cased, other characters than A-Z 0-9 as _), ROSE_SKIP_SETUP=1 (use an existing tritonserver on PATH),
 # ROSE_ADMIN_KEY or ROSE_ADMIN_KEY_FILE (admin API secret), ROSE_GATEWAY=0
-# (same as --no-gateway), ROSE_WATCHDOG=0
+# (same as --no-gateway), OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_SERVICE_NAME /
+# OTEL_TRACES_SAMPLER(_ARG) (traces, off by default; --otlp-endpoint, --trace-sample-ratio),
+# ROSE_TRITON_TRACE_RATE (Triton's own trace rate then, default 1), ROSE_WATCHDOG=0
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5),
 # ROSE_WATCHDOG_TIMEOUT (seconds a probe waits, default 10), ROSE_WATCHDOG_MAX_TIMEOUTS
 # (probes in a row of one model without an answer that restart the server, default 3),
@@ -48,6 +51,8 @@ while [[ $# -gt 0 ]]; do
     --model-repository) MODEL_REPOSITORY="$2"; shift 2 ;;
     --gateway-port) GATEWAY_PORT="$2"; shift 2 ;;
     --no-gateway) GATEWAY=0; shift ;;
+    --otlp-endpoint) export OTEL_EXPORTER_OTLP_ENDPOINT="$2"; shift 2 ;;
+    --trace-sample-ratio) export OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option $1" >&2; exit 2 ;;
@@ -137,6 +142,15 @@ ARGS=(
   --grpc-restricted-protocol="$ADMIN_APIS:rose-admin-key=$ADMIN_KEY"
   "${EXTRA[@]}"
 )
+# Traces (docs/operations.md, "Traces"): on with the standard OTLP variables (or --otlp-endpoint);
+# the gateway and the encoder stubs read them, and Triton runs its own OpenTelemetry trace mode.
+if [[ "${OTEL_SDK_DISABLED:-}" != "true" && "${OTEL_TRACES_EXPORTER:-otlp}" != "none" &&
+      -n "${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-${OTEL_EXPORTER_OTLP_ENDPOINT:-}}" ]]; then
+  TRACES_URL="${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-${OTEL_EXPORTER_OTLP_ENDPOINT%/}/v1/traces}"
+  ARGS+=(--trace-config mode=opentelemetry --trace-config "opentelemetry,url=$TRACES_URL"
+         --trace-config level=TIMESTAMPS --trace-config "rate=${ROSE_TRITON_TRACE_RATE:-1}")
+  echo "[serve] traces to $TRACES_URL" >&2
+fi
 WATCHDOG=1
 if [[ "${ROSE_WATCHDOG:-1}" == "0" ]]; then
   WATCHDOG=0

@@ -67,6 +67,10 @@ class _PooledRequest:
     picked: float = 0.0
     launched: float = 0.0
     ready: float = 0.0
+    # Traces on and the request in one (engine_lib/tracing.py): called with (request, sent_at) once
+    # answered; `batch` then holds its last batch's (sequences, tokens).
+    trace: Optional[Callable[["_PooledRequest", float], None]] = None
+    batch: tuple[int, int] = (0, 0)
 
 
 def gather(scheduled: list[ScheduledSequence], requests: list[_PooledRequest]) -> PackedBatch:
@@ -131,7 +135,7 @@ class BatchingService:
 
     def submit(self, tokens: RaggedTokens, on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None,
-               priority: str = INTERACTIVE) -> int:
+               priority: str = INTERACTIVE, trace: Optional[Callable] = None) -> int:
         """Queue one request's `tokens` (already validated, see endpoint.py) in the scheduling class
         `priority` (interactive or batch); raises OverloadError before queuing anything.
         `on_done(rows, error)` gets the raw rows [num_seqs, engine.output_dim] in order.
@@ -151,7 +155,8 @@ class BatchingService:
             key = next(self._ids)
             rows = np.empty((len(lengths), self.output_dim), dtype=np.float32)
             self._requests[key] = _PooledRequest(tokens, on_done, rows, len(lengths), is_cancelled, priority,
-                                                 time.monotonic(), received=received_at or time.perf_counter())
+                                                 time.monotonic(), received=received_at or time.perf_counter(),
+                                                 trace=trace)
             self._batcher.add(key, lengths, priority)
             self._lock.notify()
         return key
@@ -232,6 +237,8 @@ class BatchingService:
         for request in requests:
             request.picked = request.picked or picked_at
             request.launched = launched_at
+            if request.trace is not None:
+                request.batch = (batch.num_seqs, len(batch.input_ids))
         try:
             lazy = self.engine.step(batch)
         except Exception as exc:  # a failed step fails its requests, not the service
@@ -385,4 +392,9 @@ class BatchingService:
             "wait": r.picked - r.received, "form": r.launched - r.picked,
             "compute": r.ready - r.launched, "respond": sent_at - r.ready})
         self.metrics.observe("rose_wait_seconds", r.picked - r.received, priority=r.priority)
+        if r.trace is not None:
+            try:
+                r.trace(r, sent_at)
+            except Exception:  # a trace is never worth a request or the service
+                log.exception("writing the request's trace spans failed")
 

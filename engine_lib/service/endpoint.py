@@ -112,12 +112,14 @@ class Endpoint:
         self.calibration = calibration  # calibration.Calibration: int8 ranges (None: int8/uint8 refused)
 
     def submit(self, tokens: RaggedTokens, on_done: DoneCallback,
-               is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None) -> int:
+               is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None,
+               trace: Optional[Callable] = None) -> int:
         """Queue one request (its options are `tokens.options`); raises InputError/OverloadError
         before queuing anything. `on_done` gets ({tensor name: array}, None) or (None, error).
         `received_at`: time.perf_counter() when the adapter got it (hop timing). A text of several
         sequences (`tokens.windows`, chunking=mean) is pooled into one row (outputs.pool_windows)
-        before the answer is made."""
+        before the answer is made. `trace`: the request's trace hook (batching.py,
+        engine_lib/tracing.py), None when it is not traced."""
         options = tokens.options
         needs_ranges = self.output.needs_ranges(options)
         try:
@@ -151,7 +153,7 @@ class Endpoint:
             self.calibration.when_ready(self.service.submit, lambda failed: answer(None, failed))
             return 0
         priority = getattr(options, "priority", "") or default_priority(len(tokens.lengths), tokens.input_ids.size)
-        return self.service.submit(tokens, finish, is_cancelled, received_at, priority)
+        return self.service.submit(tokens, finish, is_cancelled, received_at, priority, trace=trace)
 
     def gauges(self) -> dict:
         """Queue depth (in all and by class), the load-time self-check figure and the batch token budget

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 
@@ -34,10 +35,14 @@ from rose_wire import (
     TEXT_WINDOWS,
 )
 
+from engine_lib import tracing
+
+from .. import stages
 from ..config import GatewayConfig
 from ..metrics import GatewayMetrics
 
 log = logging.getLogger("gateway")
+SERVICE = "rose-gateway"  # the traces' service name unless OTEL_SERVICE_NAME
 TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
 
 
@@ -167,7 +172,7 @@ class Backend:
         # waiting chunks of other requests to the same encoder, alike (parameters, windows or not), may share a call
         merge = Merge((encoder, tokens.windows is not None, parameters_key(parameters)), self.config.max_chunk_tokens,
                       self.config.max_chunk_texts)
-        parts = await self.dispatcher.run(chunks, call, merge=merge)
+        parts = await self._run(chunks, call, merge)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def embed_types(self, tokens: RaggedTokens, types: list[str], dimensions: int,
@@ -187,7 +192,7 @@ class Backend:
                         names[0], parameters, rows=chunk.num_texts, outputs=names)
 
         self.metrics.chunks.labels("embed_v2").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        parts = await self._run(chunks, call)
         return {TYPE_OF_OUTPUT[n]: np.concatenate([p[n] for p in parts]) for n in names}
 
     async def int8_ranges(self, dimensions: int, encoder: str = ROSE_ENCODER) -> np.ndarray:
@@ -196,8 +201,8 @@ class Backend:
         chunks = plan_chunks([1], 1, 1)
         parameters = {"embedding_types": "int8_ranges", **({"dimensions": dimensions} if dimensions else {})}
         sequence = {INPUT_IDS: np.zeros(1, dtype=np.int64), SEQ_LENS: np.ones(1, dtype=np.int64)}
-        (ranges,) = await self.dispatcher.run(chunks, lambda chunk: Call(encoder, sequence, INT8_RANGES,
-                                                                         parameters, rows=2))
+        (ranges,) = await self._run(chunks, lambda chunk: Call(encoder, sequence, INT8_RANGES, parameters, rows=2),
+                                    inputs=False)
         return ranges
 
     async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
@@ -215,5 +220,37 @@ class Backend:
         self.metrics.chunks.labels("rerank").inc(len(chunks))
         limit = self.config.max_rerank_chunk_documents  # the wire carries one query: same query, same call
         merge = Merge((model, query, parameters_key(parameters)), limit, limit, frozenset({QUERY}))
-        parts = await self.dispatcher.run(chunks, call, merge=merge)
+        parts = await self._run(chunks, call, merge)
         return np.concatenate(parts).reshape(-1)
+
+    async def _run(self, chunks: list[Chunk], call, merge: Merge | None = None, inputs: bool = True) -> list:
+        """The dispatcher's run of `chunks`, marking the request's stages (gateway/stages.py): when its
+        first chunk leaves the queue and when the last is answered; `inputs`: its chunks' texts count
+        as the request's inputs."""
+        record = stages.current()
+        if record is None:
+            return await self.dispatcher.run(chunks, call, merge=merge)
+        if inputs:
+            record.inputs += sum(chunk.num_texts for chunk in chunks)
+        if record.span is not None:  # traces on (engine_lib/tracing.py): a span per encoder call
+            from .. import traced
+
+            spans = traced.CallSpans(tracing.tracer(SERVICE), record, call)
+            call, merge = spans.sent, traced.traced_merge(merge)
+
+        def sent(chunk: Chunk) -> Call:
+            if not record.first_sent:
+                record.first_sent = time.perf_counter()
+            return call(chunk)
+
+        if record.span is None:
+            try:
+                return await self.dispatcher.run(chunks, sent, merge=merge)
+            finally:
+                record.answered = time.perf_counter()
+        try:
+            await self.dispatcher.run(chunks, sent, spans.answered, merge=merge)
+            return [spans.results[chunk.index] for chunk in chunks]
+        finally:
+            record.answered = time.perf_counter()
+            spans.close()

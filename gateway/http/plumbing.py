@@ -5,7 +5,6 @@ with its errors as responses. A handler is `async def name(gateway, request) -> 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine_lib import tracing
 from rose_client.aio import ChunkRefused, DispatchFault, JobFailed
 from rose_wire import (
     DEFAULT_EMBEDDER,
@@ -30,13 +30,16 @@ from rose_wire import (
 )
 
 from ..config import GatewayConfig, served_model_name
-from ..engine.backend import Backend
-from ..engine.routing import EmbedderRoute, RerankerRoute, Routes, max_pair_tokens, read_limits, read_routes
+from ..engine.backend import SERVICE, Backend
+from .. import stages
+from ..engine.routing import EmbedderRoute, RerankerRoute, max_pair_tokens, read_limits, read_routes
 from ..engine.tokenizing import GatewayTokenizer, TokenizeQueue
 from ..errors import ApiError, bad_request, too_large
 from ..metrics import GatewayMetrics
 from .bodies import BodyReader
 from .connections import ConnectionBounds
+from .limits import KeyedRoutes, KeyLimits
+from .timing import AccessLog, finish, incoming_trace_id
 
 log = logging.getLogger("gateway")
 # The request body's field behind each tensor an encoder may refuse; a refused request
@@ -57,7 +60,7 @@ class Gateway:
         rerank_limits = read_limits(config.rerank_tokenizer_config)
         self.metrics = GatewayMetrics()
         embedders, rerankers = read_routes(config.models_file, GatewayTokenizer)
-        self.routes = Routes(EmbedderRoute(model_name, self.tokenizer, DEFAULT_EMBEDDER),
+        self.routes = KeyedRoutes(EmbedderRoute(model_name, self.tokenizer, DEFAULT_EMBEDDER),
                              RerankerRoute(config.rerank_model_name, rerank_limits, max_pair_tokens(rerank_limits),
                                            DEFAULT_RERANKER),
                              embedders, rerankers, lambda model: self.backend.serves(model))
@@ -69,6 +72,9 @@ class Gateway:
         self.bodies = BodyReader(config, self.metrics)
         self.connections = ConnectionBounds.from_config(config, self.metrics)
         self.started = time.time()
+        self.limits = KeyLimits(config.api_keys, config.keys_file, self.metrics)
+        self.access_log = AccessLog(config.access_log)
+        tracing.tracer(SERVICE)  # set up now when traces are on (engine_lib/tracing.py); off: nothing loads
 
     async def start(self) -> None:
         await self.backend.start()
@@ -79,15 +85,9 @@ class Gateway:
             queue.close()
         self.pool.shutdown(wait=False)
 
-    def authorize(self, request: Request) -> None:
-        if not self.config.api_keys:
-            return
-        # compared as bytes: the header is any bytes (Starlette reads it as latin-1), a key is UTF-8
-        scheme, _, key = request.headers.get("authorization", "").encode("latin-1").partition(b" ")
-        if scheme.lower() != b"bearer" or not any(hmac.compare_digest(key.strip(), k.encode())
-                                                   for k in self.config.api_keys):
-            raise ApiError(401, "missing or invalid API key: send Authorization: Bearer <key>", None,
-                           "invalid_api_key")
+    def authorize(self, request: Request, record: stages.RequestRecord) -> None:
+        """The caller's key (401 without a valid one) on `record` (gateway/http/limits.py)."""
+        self.limits.identify(request, record)
 
     def read_json(self, request: Request) -> dict:
         """The JSON object of the body a `limited` endpoint read."""
@@ -97,6 +97,7 @@ class Gateway:
             raise bad_request(f"request body is not valid JSON: {exc}") from None
         if not isinstance(parsed, dict):
             raise bad_request("request body must be a JSON object")
+        stages.mark("parsed")
         return parsed
 
     def require_ready(self, model: str = ROSE_ENCODER) -> None:
@@ -128,9 +129,13 @@ class Gateway:
         (chunks already in flight finish on their replicas)."""
         try:
             self.admit(num_tokens, param)
+            self.limits.charge(num_tokens)
         except ApiError:
             job.close()
             raise
+        record = stages.current()
+        if record is not None:
+            record.tokens, record.dispatched = num_tokens, time.perf_counter()
         self.pending_tokens += num_tokens
         try:
             return await _unless_client_leaves(request, job)
@@ -190,12 +195,19 @@ def endpoint(gateway: Gateway, name: str, handler: Handler, limited: bool = Fals
     limit_s = gateway.config.request_timeout_s
 
     async def run(request: Request) -> Response:
-        started = time.perf_counter()
+        record = stages.begin()
+        if (tracer := tracing.tracer(SERVICE)) is not None:  # traces on (engine_lib/tracing.py)
+            from .. import traced
+
+            traced.start(tracer, request.method, request.url.path, request.headers.get("traceparent", ""), record)
+        else:
+            record.trace_id = incoming_trace_id(request)
+        started = record.started
         try:
             async with asyncio.timeout(limit_s) as deadline:
-                gateway.authorize(request)
+                gateway.authorize(request, record)
                 if limited:
-                    response = await _limited(gateway, request, handler)
+                    response = await _limited(gateway, request, handler, record)
                 else:
                     response = await handler(gateway, request)
         except ApiError as exc:
@@ -214,15 +226,20 @@ def endpoint(gateway: Gateway, name: str, handler: Handler, limited: bool = Fals
             response.headers["connection"] = "close"
         gateway.metrics.requests.labels(name, str(response.status_code)).inc()
         gateway.metrics.latency.labels(name).observe(time.perf_counter() - started)
+        gateway.limits.answered(record, response.status_code)
+        finish(request, response, record, gateway.access_log)
         return response
     return run
 
 
-async def _limited(gateway: Gateway, request: Request, handler: Handler) -> Response:
-    """Read the body, then take a slot of --max-concurrent-requests (past it 429): a client
-    still sending holds a connection (gateway/http/connections.py), never a slot."""
+async def _limited(gateway: Gateway, request: Request, handler: Handler, record: stages.RequestRecord) -> Response:
+    """Read the body, count the request against its key's limits (429 past one), then take a slot
+    of --max-concurrent-requests (past it 429): a client still sending holds a connection
+    (gateway/http/connections.py), never a slot."""
+    holds_key_slot = False
     try:
         request.state.body = await gateway.bodies.read(request)
+        holds_key_slot = gateway.limits.admit(record)
         if gateway.active_requests >= gateway.config.max_concurrent_requests:
             raise ApiError(429, f"the gateway is answering {gateway.active_requests} requests; at most "
                                 f"{gateway.config.max_concurrent_requests}: retry later", None,
@@ -236,6 +253,8 @@ async def _limited(gateway: Gateway, request: Request, handler: Handler) -> Resp
             gateway.metrics.active_requests.dec()
     finally:
         gateway.bodies.release(request)
+        if holds_key_slot:
+            gateway.limits.release(record)
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:

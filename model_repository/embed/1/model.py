@@ -15,6 +15,7 @@ import triton_python_backend_utils as pb_utils
 
 from engine_lib.service.outputs import requested_outputs
 from engine_lib.tokenization.steps import step_for_inputs
+from engine_lib.tracing import enabled as traces_enabled
 from rose_triton.errors import relayed_error, triton_error
 from rose_triton.faults import start_stub
 from rose_triton.front import FrontConfig, exec_decoupled
@@ -30,6 +31,7 @@ from rose_triton.parameters import (
 class TritonPythonModel:
     def initialize(self, args):
         start_stub()
+        self.traced = traces_enabled()
         try:
             self.config = config_from_parameters(FrontConfig, config_parameters(args))
             self.inputs, self.outputs = input_names(args), output_names(args)
@@ -59,7 +61,8 @@ class TritonPythonModel:
         encoder = self.config.encoder_model
         bls = pb_utils.InferenceRequest(
             model_name=encoder, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],
-            requested_output_names=wanted, parameters=parameters)
+            requested_output_names=wanted, parameters=parameters,
+            **({"trace": request.trace()} if self.traced else {}))  # Triton's trace goes on into the encoder
         responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s, request.is_cancelled)
         for response in responses:
             if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored

@@ -15,6 +15,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError, OverloadError
 from engine_lib.service.build import build_endpoint
 from engine_lib.service.metrics import MetricsPublisher
+from engine_lib.tracing import split_parameters, tracer
 from engine_lib.tokenization.calibration import calibration_sequences
 from rose_triton.errors import triton_error
 from rose_triton.faults import start_stub
@@ -31,6 +32,16 @@ def _respond(sender, result, error):
     else:
         response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in result.items()])
     sender.send(response, flags=FINAL)
+
+
+def _triton_context(request, tracer):
+    """The context of Triton's own trace of `request` (a client's traceparent that Triton adopted, or
+    a trace it sampled), so direct calls (ensemble, embed) get the encoder's spans too; () when off."""
+    if tracer is None:
+        return ()
+    from engine_lib.otel import triton_context
+
+    return triton_context(request.trace())
 
 
 def _optional_input(request, name):
@@ -55,6 +66,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         self.sink = TritonMetricSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
         self.publisher = MetricsPublisher(self.encoder.service.metrics, self.encoder.gauges, self.sink)
+        self.tracer, self.name = tracer("rose-triton"), args["model_name"]
 
     def execute(self, requests):
         received_at = time.perf_counter()
@@ -62,7 +74,8 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                options = output.select(output.options_type.from_parameters(request.parameters()),
+                parameters, parents = split_parameters(request.parameters())
+                options = output.select(output.options_type.from_parameters(parameters),
                                         request.requested_output_names(), self.outputs)
                 tokens = RaggedTokens(
                     pb_utils.get_input_tensor_by_name(request, INPUT_IDS).as_numpy(),
@@ -70,13 +83,23 @@ class TritonPythonModel:
                     _optional_input(request, TOKEN_TYPE_IDS) if self.takes_token_types else None,
                     _optional_input(request, TEXT_WINDOWS) if self.takes_windows else None, options)
                 self.encoder.submit(tokens, lambda result, error, sender=sender: _respond(sender, result, error),
-                                    is_cancelled=sender.is_cancelled, received_at=received_at)
+                                    is_cancelled=sender.is_cancelled, received_at=received_at,
+                                    trace=self._trace(parents or _triton_context(request, self.tracer), tokens.seq_lens))
             except (InputError, OverloadError) as exc:
                 _respond(sender, None, exc)
             except Exception as exc:  # every request gets exactly one final response
                 pb_utils.Logger.log_error(f"{name} encoder: request failed: {exc!r}")
                 _respond(sender, None, exc)
         return None
+
+    def _trace(self, parents, seq_lens):
+        """The request's trace hook (engine_lib/otel.py), None when traces are off or it has no context."""
+        if self.tracer is None or not parents:
+            return None
+        from engine_lib.otel import encoder_spans
+
+        attributes = {"rose.model": self.name, "rose.sequences": len(seq_lens), "rose.tokens": int(seq_lens.sum())}
+        return lambda r, sent_at: encoder_spans(self.tracer, self.name, parents, r, sent_at, attributes)
 
     def finalize(self):
         self.encoder.close()
