@@ -9,6 +9,7 @@ new chunks; its channel closes once the chunks in flight there have finished."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 
 import numpy as np
@@ -33,12 +34,23 @@ from rose_wire import (
     TEXT_WINDOWS,
 )
 
+from engine_lib.options import BATCH, PRIORITY_PARAMETER
+
 from ..config import GatewayConfig
 from ..metrics import GatewayMetrics
 from .tokenizing import Encoded
 
 log = logging.getLogger("gateway")
 TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
+
+
+# Set while a batch job's line runs (gateway/http/inprocess.py): its calls go at the `batch`
+# class, whatever the line asks, so jobs yield to live traffic on the encoders.
+IN_BATCH_JOB: contextvars.ContextVar[bool] = contextvars.ContextVar("in_batch_job", default=False)
+
+
+def job_class(parameters: dict) -> dict:
+    return {**parameters, PRIORITY_PARAMETER: BATCH} if IN_BATCH_JOB.get() else parameters
 
 
 class Backend:
@@ -152,6 +164,7 @@ class Backend:
     async def embed(self, encoded: Encoded, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
         """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's
         JobFailed. An input's windows (chunking) stay in one chunk: the encoder pools them."""
+        parameters = job_class(parameters)
         chunks = plan_chunks(encoded.input_tokens, self.config.max_chunk_tokens, self.config.max_chunk_texts)
         offsets, windows = encoded.offsets, encoded.window_offsets
 
@@ -176,8 +189,8 @@ class Backend:
         from Triton model `encoder`: it computes every type (engine_lib/service/outputs.py) and answers
         the tensors named (requested outputs, and the same list as its `embedding_types` parameter)."""
         names = tuple(OUTPUT_OF_TYPE[t] for t in dict.fromkeys(types))
-        parameters = {"embedding_types": ",".join(TYPE_OF_OUTPUT[n] for n in names),
-                      **({"dimensions": dimensions} if dimensions else {})}
+        parameters = job_class({"embedding_types": ",".join(TYPE_OF_OUTPUT[n] for n in names),
+                                **({"dimensions": dimensions} if dimensions else {})})
         chunks = plan_chunks(encoded.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
         offsets = encoded.offsets
 
@@ -203,6 +216,7 @@ class Backend:
     async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
         """-> float32 [num_documents] scores from the reranker ensemble `model`, document order;
         chunks of documents share the query."""
+        parameters = job_class(parameters)
         chunks = plan_chunks([1] * len(documents), self.config.max_rerank_chunk_documents,
                              self.config.max_rerank_chunk_documents)
         query_tensor = np.array([query.encode()], dtype=np.object_)
