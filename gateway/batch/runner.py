@@ -147,9 +147,10 @@ class JobRun:
         for line in self._lines(self.store.file_path(self.body["input_file_id"])):
             if line.number in skip:
                 continue
-            if faults.held(faults.BATCH_LINE):  # a test holds the job here
-                await asyncio.to_thread(faults.wait, faults.BATCH_LINE)
             await slots.acquire()
+            if faults.held(faults.BATCH_LINE):  # a test holds the job here, then sees it as it is
+                await asyncio.to_thread(faults.wait, faults.BATCH_LINE)
+                self._see_status(self.store.status(self.id))
             if self.stop:
                 slots.release()
                 break
@@ -200,13 +201,19 @@ class JobRun:
                 self.stop = "lost"
                 return
             self.trusted_until = started + self.settings.lease_s * LEASE_TRUST
-            if status == "cancelling" and not self.stop:
-                self.stop = "cancelled"
-            elif time.time() >= self.body["expires_at"] and not self.stop:
-                self.stop = "expired"
+            self._see_status(status)
             if self.counts_dirty:
                 self.counts_dirty = False
                 self._update({"request_counts": dict(self.counts)})
+
+    def _see_status(self, status: str) -> None:
+        """Stop starting lines once the job is cancelled or past its completion window."""
+        if self.stop:
+            return
+        if status == "cancelling":
+            self.stop = "cancelled"
+        elif time.time() >= self.body["expires_at"]:
+            self.stop = "expired"
 
     async def _finish(self, status: str) -> None:
         """Keep the results files as the job's outputs and end it as `status`. The first update
