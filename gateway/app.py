@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from functools import partial
 
 from starlette.applications import Starlette
@@ -72,8 +73,12 @@ def batch_store(config: GatewayConfig) -> BatchStore | None:
     """The Batch API's store under --data-dir (None: off)."""
     if not config.data_dir:
         return None
-    return BatchStore(config.data_dir, Limits(config.batch_max_file_lines, config.batch_max_file_bytes,
-                                              config.batch_max_files_per_key, config.batch_max_active_per_key))
+    try:
+        return BatchStore(config.data_dir, Limits(config.batch_max_file_lines, config.batch_max_file_bytes,
+                                                      config.batch_max_files_per_key, config.batch_max_active_per_key))
+    except (OSError, sqlite3.Error) as exc:
+        raise SystemExit(f"gateway: --data-dir {config.data_dir} (ROSE_GATEWAY_DATA_DIR) cannot hold the Batch API's "
+                         f"files and jobs: {exc}; set it to a writable folder, or empty to turn the API off") from None
 
 
 def batch_runner(gateway: Gateway, store: BatchStore) -> BatchRunner:

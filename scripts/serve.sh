@@ -95,7 +95,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONFAULTHANDLER="${PYTHONFAULTHANDLER:-1}"
 if [[ "${ROSE_CORE_DUMPS:-0}" == "1" ]]; then ulimit -c unlimited; fi
 GATEWAY_ARGS=(--triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT")
-export ROSE_GATEWAY_DATA_DIR="${ROSE_GATEWAY_DATA_DIR-${XDG_DATA_HOME:-$HOME/.local/share}/rose/gateway}"
+export ROSE_GATEWAY_DATA_DIR="${ROSE_GATEWAY_DATA_DIR-${XDG_DATA_HOME:-${HOME:-.}/.local/share}/rose/gateway}"
 
 # Optional model sets (model_sets/<set>/) and models served by name are served beside the
 # base repository in an assembled one (python3 -m rose_triton.repository); without any, the
