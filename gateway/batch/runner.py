@@ -97,8 +97,9 @@ class JobRun:
         if self.body["status"] == "validating":
             if not await self._validate():
                 return
-        if self.body["status"] == "cancelling":
-            return await self._finish("cancelled")
+        self._see_status(self.body["status"])
+        if self.stop:  # cancelled, or past its window before it started
+            return await self._finish(self.stop)
         self.work.mkdir(parents=True, exist_ok=True)
         done = {}
         for kind, path in self.outputs.items():
@@ -240,8 +241,8 @@ class JobRun:
                     path.unlink()
             if target.exists():
                 ids[kind] = file_id
-                new_files.append((self.owner, self.store.add_output_file(self.owner, file_id,
-                                                                         f"{self.id}_{kind}.jsonl", expires_at)))
+                new_files.append((self.owner, self.store.output_file_body(file_id, f"{self.id}_{kind}.jsonl",
+                                                                           expires_at)))
         counts = dict(self.body["request_counts"])
         for kind, key in (("output", "completed"), ("errors", "failed")):
             counts[key] = sum(1 for _ in open(self.store.file_path(ids[kind]), "rb")) if kind in ids else 0

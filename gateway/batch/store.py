@@ -276,9 +276,9 @@ class BatchStore:
     def status(self, batch_id: str) -> str:
         return self._rows("SELECT status FROM batches WHERE id = ?", batch_id)[0][0]
 
-    def add_output_file(self, owner: str, file_id: str, filename: str, expires_at: int | None) -> dict:
-        """The body of output file `file_id` (already at file_path(file_id)); the caller inserts it
-        with the job's last update (`new_files`)."""
+    def output_file_body(self, file_id: str, filename: str, expires_at: int | None) -> dict:
+        """The file object of a job's output `file_id` (already at file_path(file_id)); the runner
+        inserts it with the job's last update (`update`'s `new_files`)."""
         return {"id": file_id, "object": "file", "bytes": self.file_path(file_id).stat().st_size,
                 "created_at": int(time.time()), "expires_at": expires_at, "filename": filename,
                 "purpose": OUTPUT_PURPOSE, "status": "processed", "status_details": None}

@@ -66,8 +66,9 @@ def split_form(body: Path, content_type: str, file_dest: Path) -> Form:
     """The form in `body`: its small fields, and its `file` part copied to `file_dest`."""
     delimiter = b"--" + boundary_of(content_type)
     fields, filename, file_bytes = {}, None, 0
-    with open(body, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if body.stat().st_size else \
-            _empty() as data:
+    if not body.stat().st_size:
+        raise bad_request("the request has no body: send the form's `file` and `purpose`")
+    with open(body, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         pos = data.find(delimiter)
         while pos >= 0:
             pos += len(delimiter)
@@ -90,14 +91,6 @@ def split_form(body: Path, content_type: str, file_dest: Path) -> Form:
                 fields[name] = data[start:end].decode("utf-8", "replace")
             pos = end + 2
     return Form(fields, filename, file_bytes)
-
-
-class _empty:
-    def __enter__(self):
-        return b""
-
-    def __exit__(self, *exc_info):
-        return False
 
 
 def count_lines(path: Path) -> int:

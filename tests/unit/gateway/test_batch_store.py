@@ -228,3 +228,36 @@ def test_an_empty_or_missing_input_fails_the_job(store, tmp_path):
     asyncio.run(job.run())
     failed = store.batch("alice", batch["id"])
     assert failed["status"] == "failed" and failed["errors"]["data"][0]["code"] == "empty_file"
+
+
+def test_a_job_past_its_window_expires_keeping_what_is_done(store, tmp_path):
+    batch = new_batch(store, add_input(store, tmp_path, [request_line("a")])["id"], window_s=-1)
+    answers = Answers()
+    _, job = run_job(store, "r", answers)
+    asyncio.run(job.run())
+    expired = store.batch("alice", batch["id"])
+    assert expired["status"] == "expired" and expired["expired_at"] and not answers.calls
+    assert expired["output_file_id"] is None and expired["request_counts"]["completed"] == 0
+
+
+def test_two_runners_share_the_jobs_never_one_job(store, tmp_path):
+    first = new_batch(store, add_input(store, tmp_path, [request_line(f"a{i}", f"a{i}") for i in range(5)],
+                                       name="a.jsonl")["id"])
+    second = new_batch(store, add_input(store, tmp_path, [request_line(f"b{i}", f"b{i}") for i in range(5)],
+                                        name="b.jsonl")["id"])
+
+    async def both():
+        answers = [Answers(), Answers()]
+        runners = [BatchRunner(store, a, RunnerSettings(lease_s=60, poll_s=0.01)) for a in answers]
+        tasks = [asyncio.create_task(r.run()) for r in runners]
+        while any(store.batch("alice", b["id"])["status"] != "completed" for b in (first, second)):
+            await asyncio.sleep(0.01)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return answers
+
+    answers = asyncio.run(both())
+    calls = answers[0].calls + answers[1].calls
+    assert sorted(calls) == sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)])  # each line once
+    assert {frozenset(c[0] for c in a.calls) for a in answers} <= {frozenset("a"), frozenset("b"), frozenset()}
