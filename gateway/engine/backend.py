@@ -45,7 +45,8 @@ TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
 
 
 # Set while a batch job's line runs (gateway/http/inprocess.py): its calls go at the `batch`
-# class, whatever the line asks, so jobs yield to live traffic on the encoders.
+# class, whatever the line asks, so jobs yield to live traffic on the encoders,
+# and their chunks run in the background (rose_client/aio.py: a slot per replica stays for live requests).
 IN_BATCH_JOB: contextvars.ContextVar[bool] = contextvars.ContextVar("in_batch_job", default=False)
 
 
@@ -180,7 +181,7 @@ class Backend:
         # waiting chunks of other requests to the same encoder, alike (parameters, windows or not), may share a call
         merge = Merge((encoder, encoded.windows is not None, parameters_key(parameters)), self.config.max_chunk_tokens,
                       self.config.max_chunk_texts)
-        parts = await self.dispatcher.run(chunks, call, merge=merge)
+        parts = await self.dispatcher.run(chunks, call, merge=merge, background=IN_BATCH_JOB.get())
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def embed_types(self, encoded: Encoded, types: list[str], dimensions: int,
@@ -200,7 +201,7 @@ class Backend:
                         names[0], parameters, rows=chunk.num_texts, outputs=names)
 
         self.metrics.chunks.labels("embed_v2").inc(len(chunks))
-        parts = await self.dispatcher.run(chunks, call)
+        parts = await self.dispatcher.run(chunks, call, background=IN_BATCH_JOB.get())
         return {TYPE_OF_OUTPUT[n]: np.concatenate([p[n] for p in parts]) for n in names}
 
     async def int8_ranges(self, dimensions: int, encoder: str = ROSE_ENCODER) -> np.ndarray:
@@ -229,5 +230,5 @@ class Backend:
         self.metrics.chunks.labels("rerank").inc(len(chunks))
         limit = self.config.max_rerank_chunk_documents  # the wire carries one query: same query, same call
         merge = Merge((model, query, parameters_key(parameters)), limit, limit, frozenset({QUERY}))
-        parts = await self.dispatcher.run(chunks, call, merge=merge)
+        parts = await self.dispatcher.run(chunks, call, merge=merge, background=IN_BATCH_JOB.get())
         return np.concatenate(parts).reshape(-1)
