@@ -59,8 +59,9 @@ class BatchRunner:
                     await JobRun(self, *claimed).run()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception:  # the store's fault (a full disk, a locked database): wait, then look again
                 log.exception("batch runner failed on %s", claimed[1]["id"] if claimed else "its store")
+                claimed = None
             if claimed is None:
                 await asyncio.sleep(self.settings.poll_s)
 
@@ -83,6 +84,9 @@ class JobRun:
         ticker = asyncio.create_task(self._tick())
         try:
             await self._run()
+        except Exception as exc:  # a fault of the job's own (its input deleted meanwhile, a bug): it fails
+            log.exception("batch %s failed", self.id)
+            self._fail("job_error", f"the job stopped on an error: {type(exc).__name__}: {exc}")
         finally:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)

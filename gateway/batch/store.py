@@ -23,6 +23,7 @@ TERMINAL = ("completed", "failed", "expired", "cancelled")
 RUNNABLE = ("validating", "in_progress", "finalizing", "cancelling")  # a runner takes these
 CANCELLABLE = ("validating", "in_progress")
 OUTPUT_PURPOSE = "batch_output"
+STALE_UPLOAD_S = 24 * 3600
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -59,9 +60,12 @@ class BatchStore:
         self.limits = limits
         self.files_dir = self.folder / "files"
         self.work_dir = self.folder / "work"
-        self.uploads_dir = self.folder / "uploads"  # uploads being received (gone at the next start)
+        self.uploads_dir = self.folder / "uploads"  # uploads being received
         for path in (self.files_dir, self.work_dir, self.uploads_dir):
             path.mkdir(parents=True, exist_ok=True)
+        for left in self.uploads_dir.iterdir():  # a day old: left by a process that died receiving it
+            if left.stat().st_mtime < time.time() - STALE_UPLOAD_S:
+                left.unlink(missing_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.folder / "batches.sqlite3", isolation_level=None, check_same_thread=False,
                                    timeout=10)

@@ -261,3 +261,24 @@ def test_two_runners_share_the_jobs_never_one_job(store, tmp_path):
     calls = answers[0].calls + answers[1].calls
     assert sorted(calls) == sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)])  # each line once
     assert {frozenset(c[0] for c in a.calls) for a in answers} <= {frozenset("a"), frozenset("b"), frozenset()}
+
+
+def test_a_job_whose_input_vanishes_mid_run_fails_and_the_runner_goes_on(store, tmp_path):
+    batch = new_batch(store, add_input(store, tmp_path, [request_line(f"id-{i}", f"t{i}") for i in range(4)])["id"])
+    answers = Answers()
+    _, job = run_job(store, "r", answers)
+
+    async def scenario():
+        answers.gate = asyncio.Event()
+        task = asyncio.create_task(job.run())
+        await answers.entered.wait()
+        store.delete_file("alice", batch["input_file_id"])  # read again when the job is resumed: gone
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        _, again = run_job(store, "r2", Answers())
+        await again.run()
+
+    asyncio.run(scenario())
+    failed = store.batch("alice", batch["id"])
+    assert failed["status"] == "failed" and failed["errors"]["data"][0]["code"] == "job_error"
+    assert "FileNotFoundError" in failed["errors"]["data"][0]["message"]
