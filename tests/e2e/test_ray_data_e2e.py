@@ -59,6 +59,25 @@ def gate(batch, path: str):
     return batch
 
 
+def test_through_the_gateway_rows_equal_direct_calls(server):
+    """The gateway mode on one batch, numpy and pandas alike (Ray hands either), without Ray."""
+    import pandas as pd
+
+    from rose_client.ray_data import RoseEmbedder
+
+    embedder = RoseEmbedder(gateway=server.gateway_url, max_chunk_texts=7)
+    ids = np.array([f"doc-{i}" for i in range(20)])
+    batch = embedder({"id": ids, "text": np.array(texts()[:20])})
+    expected = embed_stream(server.grpc_url, texts()[:20])
+    rows = np.stack(batch["embedding"])
+    assert list(batch["id"]) == list(ids) and rows.shape == expected.shape
+    assert ((rows * expected).sum(1) / np.linalg.norm(rows, axis=1) / np.linalg.norm(expected, axis=1)).min() >= 0.9999
+    frame = embedder(pd.DataFrame({"id": ids[:3], "text": texts()[:3]}))
+    np.testing.assert_allclose(np.stack(frame["embedding"]), rows[:3], atol=1e-6)
+    with pytest.raises(ValueError, match="either"):
+        RoseEmbedder(urls=[server.grpc_url], gateway=server.gateway_url)
+
+
 def test_parquet_folder_to_parquet_folder_survives_a_replica_killed_mid_run(server, replica_b, tmp_path):
     source, target, gate_file = tmp_path / "docs", tmp_path / "vectors", tmp_path / "gate"
     source.mkdir()
