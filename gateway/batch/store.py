@@ -173,7 +173,10 @@ class BatchStore:
 
     def create_batch(self, owner: str, endpoint: str, input_file_id: str, completion_window_s: int,
                      completion_window: str, metadata: dict | None, output_expires_after_s: int | None) -> dict:
-        input_file = self.file(owner, input_file_id)
+        try:
+            input_file = self.file(owner, input_file_id)
+        except ApiError:
+            raise not_found("file", input_file_id, "input_file_id") from None
         if input_file["purpose"] != "batch":
             raise ApiError(400, f"file {input_file_id!r} has purpose {input_file['purpose']!r}; a batch reads a "
                                 "file uploaded with purpose 'batch'", "input_file_id", "invalid_value")
