@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(phases[kind])} calls) |" for kind in phases]
     if rates["job"]:
         job, cli = np.mean(rates["job"]), np.mean(rates["bulk"])
-        rows[:0] = [f"| texts/s: bulk CLI {cli:.0f} {rates['bulk']}, job {job:.0f} {rates['job']} | job / bulk CLI "
+        rows[:0] = [f"| texts/s: bulk CLI {cli:.0f} {np.round(rates['bulk'])}, job {job:.0f} {np.round(rates['job'])} | job / bulk CLI "
                     f"{job / cli:.2f}x (target >= 0.9) |"]
     batch_ms = {kind: np.mean(values) for kind, values in steps.items()}
     rows += [f"| encoder batch duration beside the job / the bulk CLI | {batch_ms['job']:.1f} / "
