@@ -11,7 +11,8 @@ from typing import Optional, Protocol
 # Where the serving path asks; the hook decides whether it is held now.
 ENCODER_BATCH = "encoder.before_batch"  # the encoder's scheduler, before it picks a batch (held: none is picked)
 TOKENIZE = "tokenizer.before_tokenize"  # a text request, before it is tokenized (held: it waits)
-POINTS = (ENCODER_BATCH, TOKENIZE)
+BATCH_LINE = "batch.before_line"  # the gateway's batch runner, before it starts a job's next line (held: it waits)
+POINTS = (ENCODER_BATCH, TOKENIZE, BATCH_LINE)
 
 
 class FaultHook(Protocol):

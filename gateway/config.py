@@ -56,6 +56,14 @@ class GatewayConfig:
     dns_refresh_s: float = 10.0
     allow_unauthenticated: bool = False  # listen beyond loopback without API keys
     workers: int = 1                    # processes on the port (gateway/workers.py); bounds are per worker
+    # the Batch API (gateway/batch/): its files and jobs under data_dir ("" = off)
+    data_dir: str = ""
+    batch_max_file_lines: int = 50_000
+    batch_max_file_bytes: int = 200 << 20
+    batch_max_files_per_key: int = 1000
+    batch_max_active_per_key: int = 100
+    batch_concurrency: int = 8          # a job's lines in flight at once
+    batch_lease_s: float = 30.0         # a job's runner lease; a dead runner's job is resumed after it
 
     def __post_init__(self):
         if not self.triton:
@@ -63,10 +71,10 @@ class GatewayConfig:
         for name in ("max_inflight_per_replica", "max_chunk_attempts", "max_chunk_tokens", "max_chunk_texts",
                      "max_rerank_chunk_documents", "max_pending_tokens", "max_body_bytes", "max_concurrent_requests",
                      "max_receiving_connections", "max_receiving_per_client", "max_buffered_body_bytes",
-                     "max_header_bytes", "workers"):
+                     "max_header_bytes", "workers", *BATCH_BOUNDS):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "request_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "request_timeout_s", "batch_lease_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_buffered_body_bytes < self.max_body_bytes:
@@ -122,6 +130,8 @@ def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:
     return frozenset(k.strip() for k in keys if k.strip())
 
 
+BATCH_BOUNDS = ("batch_max_file_lines", "batch_max_file_bytes", "batch_max_files_per_key", "batch_max_active_per_key",
+                "batch_concurrency")
 BOUND_HELP = {
     "max_concurrent_requests": "/v1/embeddings, /v2/embed and /v1/rerank requests being answered, counted once "
                                "their body is in; past it 429",
@@ -134,6 +144,11 @@ BOUND_HELP = {
                                "connection closed",
     "max_body_bytes": "a request body; past it 413",
     "max_header_bytes": "request line and headers; past it 431",
+    "batch_max_file_lines": "requests in a file uploaded for a batch; past it 400",
+    "batch_max_file_bytes": "a file uploaded for a batch; past it 413",
+    "batch_max_files_per_key": "files an API key stores (uploads and batch outputs); past it 429",
+    "batch_max_active_per_key": "an API key's unfinished batches; past it 429",
+    "batch_concurrency": "a batch job's requests in flight at once (each worker runs one job at a time)",
 }
 
 
@@ -185,6 +200,14 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
                         "CPUs, 1 to 4)")
     p.add_argument("--request-timeout", type=float, default=GatewayConfig.request_timeout_s, metavar="SECONDS",
                    help="end-to-end deadline of a request, body read to answer (default %(default)g); past it 504")
+    p.add_argument("--data-dir", default=os.environ.get("ROSE_GATEWAY_DATA_DIR", ""),
+                   help="the Batch API's folder (/v1/files, /v1/batches: SQLite and the files; also "
+                        "ROSE_GATEWAY_DATA_DIR); workers and replicas sharing it share the jobs; default: off")
+    for name in BATCH_BOUNDS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(GatewayConfig, name),
+                       help=BOUND_HELP[name] + " (default %(default)s)")
+    p.add_argument("--batch-lease", type=float, default=GatewayConfig.batch_lease_s, metavar="SECONDS",
+                   help="a batch job's runner lease: a job whose runner died is resumed after it (default %(default)g)")
     args = p.parse_args(argv)
     return GatewayConfig(
         triton=tuple(args.triton or GatewayConfig.triton), host=args.host, port=args.port,
@@ -202,7 +225,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         keep_alive_timeout_s=args.keep_alive_timeout, allow_unauthenticated=args.allow_unauthenticated,
         request_timeout_s=args.request_timeout,
-        workers=args.workers if args.workers is not None else default_workers())
+        workers=args.workers if args.workers is not None else default_workers(),
+        data_dir=args.data_dir, batch_lease_s=args.batch_lease, **{name: getattr(args, name) for name in BATCH_BOUNDS})
 
 
 def served_model_name(config: GatewayConfig, model_dir_setting: str, model_dir: str) -> str:

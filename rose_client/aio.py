@@ -19,6 +19,10 @@ No timer: a free worker never waits for company. A shared call the replica
 refuses as invalid input, or that cannot be built or sent, is split: its chunks
 go back to the queue, each to run alone (no attempt counted), so one job's bad
 input fails that job only.
+
+Background jobs (`run(..., background=True)`: the gateway's batch jobs) never take a replica's
+last worker: with more than one worker per replica, one of them runs only foreground chunks,
+so a live request finds a free slot however long a background job is.
 """
 from __future__ import annotations
 
@@ -74,8 +78,10 @@ class ChunkUnsendable(DispatchFault):
 
 class _Job:
     def __init__(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
-                 on_result: Callable[[Chunk, Any], None] | None, merge: Merge | None = None):
+                 on_result: Callable[[Chunk, Any], None] | None, merge: Merge | None = None,
+                 background: bool = False):
         self.payload_of = payload_of
+        self.background = background
         self.on_result = on_result
         self.merge = merge
         self.results: dict[int, Any] = {}
@@ -102,6 +108,10 @@ class _Job:
             self.done.set_exception(error)
 
 
+def _foreground(task: Task) -> bool:
+    return not task.job.background
+
+
 class AsyncDispatcher:
     """`await run(chunks, payload_of)` -> results in chunk order; raises JobFailed
     (`.last_error`: the last ReplicaError seen by the job, or None). With `on_result`,
@@ -122,6 +132,7 @@ class AsyncDispatcher:
         self._worker_urls: dict[asyncio.Task, str] = {}  # every running worker, draining ones too
         self._idle: dict[str, list[asyncio.Future]] = {}  # per replica: futures of workers waiting for work
         self._busy: set[asyncio.Task] = set()  # workers holding chunks
+        self._foreground_only: set[asyncio.Task] = set()  # one worker per replica: no background chunk
         self.calls = 0  # calls answered by replicas
         self.merged_chunks = 0  # chunks answered in a call shared with other chunks
         self._started = False
@@ -147,8 +158,8 @@ class AsyncDispatcher:
             if url not in self._workers:
                 self.inflight.setdefault(url, 0)
                 self._workers[url] = set()
-                for _ in range(self.max_inflight_per_replica):
-                    self._start_worker(url)
+                for i in range(self.max_inflight_per_replica):
+                    self._start_worker(url, foreground_only=i == 0 < self.max_inflight_per_replica - 1)
         for url in [u for u in self._workers if u not in self.tasks.replicas]:
             self._workers.pop(url)
             if not self.has_workers(url):
@@ -168,12 +179,13 @@ class AsyncDispatcher:
         self.tasks.drop(lambda t: False)
 
     async def run(self, chunks: Sequence[Chunk], payload_of: Callable[[Chunk], Any],
-                  on_result: Callable[[Chunk, Any], None] | None = None, merge: Merge | None = None) -> list[Any]:
+                  on_result: Callable[[Chunk, Any], None] | None = None, merge: Merge | None = None,
+                  background: bool = False) -> list[Any]:
         if not chunks:
             return []
         if self._closing:
             raise JobFailed("the dispatcher is closed")
-        job = _Job(chunks, payload_of, on_result, merge)
+        job = _Job(chunks, payload_of, on_result, merge, background)
         self.tasks.push(Task(c, job) for c in chunks)
         self._wake(len(chunks))
         try:
@@ -208,8 +220,10 @@ class AsyncDispatcher:
                 if not self._idle[url]:
                     ready.remove(url)
 
-    def _start_worker(self, url: str, delay: float = 0.0) -> None:
+    def _start_worker(self, url: str, delay: float = 0.0, foreground_only: bool = False) -> None:
         worker = asyncio.create_task(self._work(url, delay), name=f"slot-{url}")
+        if foreground_only:
+            self._foreground_only.add(worker)
         self._workers[url].add(worker)
         self._worker_urls[worker] = url
         worker.add_done_callback(self._worker_ended)
@@ -219,13 +233,15 @@ class AsyncDispatcher:
         end for good): start its replacement."""
         url = self._worker_urls.pop(worker)
         self._busy.discard(worker)
+        foreground_only = worker in self._foreground_only
+        self._foreground_only.discard(worker)
         live = self._workers.get(url, set())
         if worker in live:
             live.discard(worker)
             if not self._closing:
                 crashed = worker.cancelled() or worker.exception() is not None
                 delay = None if crashed else worker.result()
-                self._start_worker(url, RESTART_DELAY_S if delay is None else delay)
+                self._start_worker(url, RESTART_DELAY_S if delay is None else delay, foreground_only)
         if url not in self._workers and not self.has_workers(url):
             self.inflight.pop(url, None)  # a dropped replica has drained
 
@@ -237,9 +253,10 @@ class AsyncDispatcher:
                 for task in list(self.tasks.pending):
                     task.job.fail(JobFailed(failure))
                 self.tasks.drop(lambda t: False)
-            task = self.tasks.take(url, now)
+            accept = _foreground if me in self._foreground_only else None
+            task = self.tasks.take(url, now, accept)
             while task is not None and task.job.done.done():  # its job failed or left
-                task = self.tasks.take(url, now)
+                task = self.tasks.take(url, now, accept)
             if task is not None:
                 self._busy.add(me)
                 return task
@@ -313,6 +330,7 @@ class AsyncDispatcher:
         def fits(task: Task) -> bool:
             other: Merge | None = task.job.merge
             return (other is not None and other.key == merge.key and not task.solo and not task.job.done.done()
+                    and (first.job.background or not task.job.background)  # a live call carries no job's chunk
                     and tokens + task.chunk.num_tokens <= merge.max_tokens
                     and texts + task.chunk.num_texts <= merge.max_texts)
 

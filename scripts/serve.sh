@@ -30,7 +30,9 @@
 # (no watchdog), ROSE_WATCHDOG_INTERVAL (seconds between its probes, default 5),
 # ROSE_WATCHDOG_TIMEOUT (seconds a probe waits, default 10), ROSE_WATCHDOG_MAX_TIMEOUTS
 # (probes in a row of one model without an answer that restart the server, default 3),
-# ROSE_CORE_DUMPS=1 (a crashed process writes a core file; Python tracebacks are always logged).
+# ROSE_CORE_DUMPS=1 (a crashed process writes a core file; Python tracebacks are always logged),
+# ROSE_GATEWAY_DATA_DIR (the Batch API's files and jobs; default under the user's data folder,
+# ${XDG_DATA_HOME:-~/.local/share}/rose/gateway; set empty, the Batch API is off).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1 HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002
@@ -98,6 +100,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONFAULTHANDLER="${PYTHONFAULTHANDLER:-1}"
 if [[ "${ROSE_CORE_DUMPS:-0}" == "1" ]]; then ulimit -c unlimited; fi
 GATEWAY_ARGS=(--triton "$HOST:$GRPC_PORT" --host "$HOST" --port "$GATEWAY_PORT")
+export ROSE_GATEWAY_DATA_DIR="${ROSE_GATEWAY_DATA_DIR-${XDG_DATA_HOME:-${HOME:-.}/.local/share}/rose/gateway}"
 
 # Optional model sets (model_sets/<set>/) and models served by name are served beside the
 # base repository in an assembled one (python3 -m rose_triton.repository); without any, the

@@ -92,6 +92,24 @@ class TokenizerHold(_GateFile):
         wait_until(self.entered.exists, timeout, "a request to reach the tokenizer's hold")
 
 
+class BatchLineHold(_GateFile):
+    """A gateway's batch runner's hold (the gateway started with `env`): while held, the runner
+    starts no new line of its job (lines in flight go on); `wait_entered` returns once it waits
+    there. No watchdog to pause: the gateway is not a Triton server."""
+    POINT = faults.BATCH_LINE
+
+    def __init__(self, folder: Path):
+        super().__init__(folder, watchdog=False)
+        self.entered = entered_file(self.folder, self.POINT)
+
+    def __enter__(self):
+        self.entered.unlink(missing_ok=True)
+        return super().__enter__()
+
+    def wait_entered(self, timeout: float = 60) -> None:
+        wait_until(self.entered.exists, timeout, "the batch runner to reach its hold")
+
+
 def wait_for_metric(metrics_url: str, prefix: str, at_least: float, timeout: float = 60, why: str = "") -> float:
     """Poll the server's metrics until the samples starting with `prefix` sum to `at_least`
     (the encoder publishes every 0.5 s); fails the test after `timeout` s."""

@@ -16,6 +16,8 @@ MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_ser
 # Gateways started by the tests run one worker, whatever the CPU count (bounds and metrics stay
 # those the tests set); tests/unit/gateway/test_gateway_workers.py runs two.
 os.environ.setdefault("ROSE_GATEWAY_WORKERS", "1")
+# Their Batch API is off (no folder shared between servers), but for the `server` fixture's, in its folder.
+os.environ.setdefault("ROSE_GATEWAY_DATA_DIR", "")
 
 
 # scripts/test.sh runs the server tests as two pytest runs at once: ROSE_TEST_SHARD=own_server
@@ -70,7 +72,8 @@ def server(tmp_path_factory, session_servers):
     hold, tokenizer_hold = EncoderHold(folder), TokenizerHold(folder)
     # its own int8 calibration cache (tests/e2e/test_quantized_e2e.py sees it computed and written)
     instance = TritonServer(folder / "server.log", admin_key=secrets.token_hex(16), gateway=True,
-                            env={**hold.env, **tokenizer_hold.env, "ROSE_CACHE_DIR": str(folder / "cache")})
+                            env={**hold.env, **tokenizer_hold.env, "ROSE_CACHE_DIR": str(folder / "cache"),
+                                 "ROSE_GATEWAY_DATA_DIR": str(folder / "gateway-data")})
     instance.cache_dir = folder / "cache"
     instance.hold, instance.tokenizer_hold = hold, tokenizer_hold
     session_servers.append(instance)

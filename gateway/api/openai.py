@@ -6,14 +6,16 @@ limits follow the models' own rules (engine_lib/options.py, engine_lib/tokenizat
 Compact types are /v2/embed's (gateway/api/cohere.py)."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import FileResponse, Response
 
 from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
@@ -30,8 +32,10 @@ from engine_lib.options import (
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_wire import ROSE_ENCODER
 
+from ..batch import uploads
+from ..batch.store import BatchStore
 from ..engine.tokenizing import GatewayTokenizer
-from ..errors import ApiError, bad_request, from_input_error
+from ..errors import ApiError, bad_request, from_input_error, too_large
 from ..http.plumbing import Gateway, json_response
 
 # the RequestOptions a client sets
@@ -249,3 +253,167 @@ def render_rerank(request: RerankRequest, scores: np.ndarray, model: str) -> dic
             result["document"] = {"text": request.documents[i]}
         results.append(result)
     return {"object": "list", "model": model, "results": results}
+
+
+# The Batch API: /v1/files and /v1/batches in OpenAI's shapes; the store and the runner are gateway/batch/.
+BATCH_ENDPOINTS = ("/v1/embeddings", "/v2/embed", "/v1/rerank")
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+BATCH_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}
+OUTPUT_EXPIRY_S = (3600, 30 * 24 * 3600)  # output_expires_after.seconds, as OpenAI: 1 hour to 30 days
+PRIVATE_BATCH_FIELDS = ("output_expires_after_s", "finishing")
+
+
+def batch_store(request: Request) -> BatchStore:
+    store = request.app.state.batches
+    if store is None:
+        raise ApiError(404, "the Batch API is off on this gateway: start it with --data-dir (ROSE_GATEWAY_DATA_DIR)",
+                       None, "batch_api_off")
+    return store
+
+
+def owner_of(gateway: Gateway, request: Request) -> str:
+    """Whose files and batches: a hash of the request's API key (authorized already); "" without keys."""
+    if not gateway.config.api_keys:
+        return ""
+    key = request.headers.get("authorization", "").encode("latin-1").partition(b" ")[2].strip()
+    return hashlib.sha256(key).hexdigest()
+
+
+def _expires_after(fields: dict, prefix: str, param: str) -> int | None:
+    """`{prefix}[anchor]` = created_at and `{prefix}[seconds]` (a form's nested object) -> seconds."""
+    anchor, seconds = fields.get(f"{prefix}[anchor]"), fields.get(f"{prefix}[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    return _check_expiry({"anchor": anchor, "seconds": int(seconds) if str(seconds).isdigit() else seconds}, param)
+
+
+def _check_expiry(value, param: str) -> int:
+    if not isinstance(value, dict) or value.get("anchor") != "created_at":
+        raise bad_request(f"'{param}' must be {{\"anchor\": \"created_at\", \"seconds\": N}}", param)
+    try:
+        return check_integer(f"{param}.seconds", value.get("seconds"), *OUTPUT_EXPIRY_S, digits=False)
+    except InputError as exc:
+        raise from_input_error(exc, param) from None
+
+
+async def create_file(gateway: Gateway, request: Request) -> Response:
+    store = batch_store(request)
+    limit = store.limits.max_file_bytes
+    received, kept = store.upload_path(), store.upload_path()
+    try:
+        await uploads.receive(request, received, limit + uploads.FORM_OVERHEAD)
+        form = await asyncio.to_thread(uploads.split_form, received, request.headers.get("content-type", ""), kept)
+        if form.fields.get("purpose") != "batch":
+            raise bad_request(f"'purpose' must be 'batch' (the files this gateway keeps), got "
+                              f"{form.fields.get('purpose')!r}", "purpose")
+        if form.filename is None:
+            raise bad_request("'file' is required: the JSONL file of requests", "file")
+        if form.file_bytes > limit:
+            raise too_large(f"the file is {form.file_bytes} bytes; a batch file is at most {limit}", "file")
+        lines = await asyncio.to_thread(uploads.count_lines, kept)
+        if not lines:
+            raise bad_request("the file holds no requests (no line that is not blank)", "file")
+        if lines > store.limits.max_file_lines:
+            raise bad_request(f"the file holds {lines} requests; a batch file at most {store.limits.max_file_lines}",
+                              "file")
+        expires_after = _expires_after(form.fields, "expires_after", "expires_after")
+        created = store.add_file(owner_of(gateway, request), kept, form.filename, "batch", form.file_bytes)
+        if expires_after:
+            created = store.set_file_expiry(created["id"], created["created_at"] + expires_after)
+        return json_response(created)
+    finally:
+        received.unlink(missing_ok=True)
+        kept.unlink(missing_ok=True)
+
+
+def _page(data: list[dict], has_more: bool) -> dict:
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def _limit(request: Request, default: int, maximum: int) -> int:
+    value = request.query_params.get("limit")
+    if value is None:
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= maximum:
+        raise bad_request(f"'limit' must be an integer from 1 to {maximum}, got {value!r}", "limit")
+    return int(value)
+
+
+async def list_files(gateway: Gateway, request: Request) -> Response:
+    store = batch_store(request)
+    order = request.query_params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"'order' must be 'asc' or 'desc', got {order!r}", "order")
+    data, has_more = store.list_files(owner_of(gateway, request), request.query_params.get("purpose"),
+                                      _limit(request, 10000, 10000), order, request.query_params.get("after"))
+    return json_response(_page(data, has_more))
+
+
+async def retrieve_file(gateway: Gateway, request: Request) -> Response:
+    return json_response(batch_store(request).file(owner_of(gateway, request), request.path_params["file_id"]))
+
+
+async def delete_file(gateway: Gateway, request: Request) -> Response:
+    return json_response(batch_store(request).delete_file(owner_of(gateway, request), request.path_params["file_id"]))
+
+
+async def file_content(gateway: Gateway, request: Request) -> Response:
+    store, file_id = batch_store(request), request.path_params["file_id"]
+    store.file(owner_of(gateway, request), file_id)
+    return FileResponse(store.file_path(file_id), media_type="application/octet-stream")
+
+
+def public_batch(body: dict) -> dict:
+    return {k: v for k, v in body.items() if k not in PRIVATE_BATCH_FIELDS}
+
+
+def _metadata(value) -> dict | None:
+    """OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values up to 512."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > 16 or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in value.items()):
+        raise bad_request("'metadata' must be an object of at most 16 strings (keys up to 64 characters, values "
+                          "up to 512)", "metadata")
+    return value
+
+
+async def create_batch(gateway: Gateway, request: Request) -> Response:
+    store, body = batch_store(request), gateway.read_json(request)
+    unknown = sorted(set(body) - BATCH_FIELDS)
+    if unknown:
+        raise bad_request(f"unknown field(s) {unknown}; known: {sorted(BATCH_FIELDS)}", unknown[0])
+    endpoint = body.get("endpoint")
+    if endpoint not in BATCH_ENDPOINTS:
+        raise bad_request(f"'endpoint' must be one of {list(BATCH_ENDPOINTS)}, got {endpoint!r}", "endpoint")
+    window = body.get("completion_window")
+    if window not in COMPLETION_WINDOWS:
+        raise bad_request(f"'completion_window' must be one of {list(COMPLETION_WINDOWS)}, got {window!r}",
+                          "completion_window")
+    input_file_id = body.get("input_file_id")
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise bad_request("'input_file_id' is required: the id of a file uploaded with purpose 'batch'",
+                          "input_file_id")
+    expires_after = body.get("output_expires_after")
+    created = store.create_batch(owner_of(gateway, request), endpoint, input_file_id, COMPLETION_WINDOWS[window],
+                                 window, _metadata(body.get("metadata")),
+                                 None if expires_after is None else _check_expiry(expires_after,
+                                                                                  "output_expires_after"))
+    return json_response(public_batch(created))
+
+
+async def list_batches(gateway: Gateway, request: Request) -> Response:
+    data, has_more = batch_store(request).list_batches(owner_of(gateway, request), _limit(request, 20, 100),
+                                                       request.query_params.get("after"))
+    return json_response(_page([public_batch(b) for b in data], has_more))
+
+
+async def retrieve_batch(gateway: Gateway, request: Request) -> Response:
+    return json_response(public_batch(batch_store(request).batch(owner_of(gateway, request),
+                                                                 request.path_params["batch_id"])))
+
+
+async def cancel_batch(gateway: Gateway, request: Request) -> Response:
+    return json_response(public_batch(batch_store(request).cancel(owner_of(gateway, request),
+                                                                  request.path_params["batch_id"])))

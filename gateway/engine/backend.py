@@ -9,6 +9,7 @@ new chunks; its channel closes once the chunks in flight there have finished."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 
@@ -36,6 +37,7 @@ from rose_wire import (
 )
 
 from engine_lib import tracing
+from engine_lib.options import BATCH, PRIORITY_PARAMETER
 
 from .. import stages
 from ..config import GatewayConfig
@@ -44,6 +46,16 @@ from ..metrics import GatewayMetrics
 log = logging.getLogger("gateway")
 SERVICE = "rose-gateway"  # the traces' service name unless OTEL_SERVICE_NAME
 TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
+
+
+# Set while a batch job's line runs (gateway/http/inprocess.py): its calls go at the `batch`
+# class, whatever the line asks, so jobs yield to live traffic on the encoders,
+# and their chunks run in the background (rose_client/aio.py: a slot per replica stays for live requests).
+IN_BATCH_JOB: contextvars.ContextVar[bool] = contextvars.ContextVar("in_batch_job", default=False)
+
+
+def job_class(parameters: dict) -> dict:
+    return {**parameters, PRIORITY_PARAMETER: BATCH} if IN_BATCH_JOB.get() else parameters
 
 
 class Backend:
@@ -157,6 +169,7 @@ class Backend:
     async def embed(self, tokens: RaggedTokens, parameters: dict, encoder: str = ROSE_ENCODER) -> np.ndarray:
         """-> float32 [num_inputs, D] in input order from Triton model `encoder`; raises rose_client's
         JobFailed. An input's windows (chunking) stay in one chunk: the encoder pools them."""
+        parameters = job_class(parameters)
         chunks = plan_chunks(tokens.text_tokens, self.config.max_chunk_tokens, self.config.max_chunk_texts)
         offsets, windows = tokens.offsets, tokens.window_offsets
 
@@ -181,8 +194,8 @@ class Backend:
         from Triton model `encoder`: it computes every type (engine_lib/service/outputs.py) and answers
         the tensors named (requested outputs, and the same list as its `embedding_types` parameter)."""
         names = tuple(OUTPUT_OF_TYPE[t] for t in dict.fromkeys(types))
-        parameters = {"embedding_types": ",".join(TYPE_OF_OUTPUT[n] for n in names),
-                      **({"dimensions": dimensions} if dimensions else {})}
+        parameters = job_class({"embedding_types": ",".join(TYPE_OF_OUTPUT[n] for n in names),
+                                **({"dimensions": dimensions} if dimensions else {})})
         chunks = plan_chunks(tokens.seq_lens.tolist(), self.config.max_chunk_tokens, self.config.max_chunk_texts)
         offsets = tokens.offsets
 
@@ -208,6 +221,7 @@ class Backend:
     async def rerank(self, query: str, documents: list[str], parameters: dict, model: str = RERANK) -> np.ndarray:
         """-> float32 [num_documents] scores from the reranker ensemble `model`, document order;
         chunks of documents share the query."""
+        parameters = job_class(parameters)
         chunks = plan_chunks([1] * len(documents), self.config.max_rerank_chunk_documents,
                              self.config.max_rerank_chunk_documents)
         query_tensor = np.array([query.encode()], dtype=np.object_)
@@ -229,7 +243,7 @@ class Backend:
         as the request's inputs."""
         record = stages.current()
         if record is None:
-            return await self.dispatcher.run(chunks, call, merge=merge)
+            return await self.dispatcher.run(chunks, call, merge=merge, background=IN_BATCH_JOB.get())
         if inputs:
             record.inputs += sum(chunk.num_texts for chunk in chunks)
         if record.span is not None:  # traces on (engine_lib/tracing.py): a span per encoder call
@@ -245,11 +259,11 @@ class Backend:
 
         if record.span is None:
             try:
-                return await self.dispatcher.run(chunks, sent, merge=merge)
+                return await self.dispatcher.run(chunks, sent, merge=merge, background=IN_BATCH_JOB.get())
             finally:
                 record.answered = time.perf_counter()
         try:
-            await self.dispatcher.run(chunks, sent, spans.answered, merge=merge)
+            await self.dispatcher.run(chunks, sent, spans.answered, merge=merge, background=IN_BATCH_JOB.get())
             return [spans.results[chunk.index] for chunk in chunks]
         finally:
             record.answered = time.perf_counter()

@@ -241,3 +241,22 @@ def test_both_roles_read_one_models_file_from_a_configmap(monkeypatch, tmp_path)
     monkeypatch.setenv("ROSE_MODELS_FILE", path)
     monkeypatch.setenv("ROSE_GATEWAY_API_KEYS", "from-the-secret")
     assert parse_args(gateway_container()["command"][3:]).models_file == path
+
+
+def test_gateway_keeps_batch_jobs_on_a_claim_its_pods_share():
+    pod = load("gateway-deployment.yaml")["spec"]["template"]["spec"]
+    (gateway,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in gateway["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["data"] == env["ROSE_GATEWAY_DATA_DIR"]
+    claim = load("gateway-data-pvc.yaml")
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    if claim["spec"]["accessModes"] == ["ReadWriteOnce"]:  # one node's: the pods go to one node
+        (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= pod_labels("gateway-deployment.yaml").items()
+
+
+def pod_labels(name):
+    return load(name)["spec"]["template"]["metadata"]["labels"]

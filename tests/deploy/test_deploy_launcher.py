@@ -52,6 +52,7 @@ def container_mode_server(tmp_path_factory):
     (models,) = yaml.safe_load_all((REPO / "docker" / "k8s" / "models-configmap.yaml").read_text())
     (folder / "models.yaml").write_text(models["data"]["models.yaml"])
     env["ROSE_MODELS_FILE"] = str(folder / "models.yaml")
+    env["ROSE_GATEWAY_DATA_DIR"] = str(folder / "gateway-data")  # the image's own folder is made in the image
     server = TritonServer(folder / "server.log", env={**env, **hold.env},
                           extra_args=tritonserver_flags, gateway=True)  # `docker run` starts both
     server.hold = hold

@@ -54,3 +54,10 @@ def test_readme_cohere_example_runs(server, capsys):
     (code,) = re.findall(r"```python\n(.*?)```", _section("Cohere-compatible API (compact types)"), flags=re.S)
     exec(compile(code.replace("http://127.0.0.1:8080", server.gateway_url), "README.md", "exec"), {})
     assert "int8: (2, 384) ubinary: (2, 48)" in capsys.readouterr().out
+
+
+def test_readme_batch_example_runs(server, capsys):
+    """The Batch API flow through the openai SDK (upload, create, poll, download), verbatim."""
+    code = re.findall(r"```python\n(.*?)```", _section("Batch jobs (OpenAI's Batch API, Ray Data)"), flags=re.S)[0]
+    exec(compile(code.replace("http://127.0.0.1:8080", server.gateway_url), "README.md", "exec"), {})
+    assert "completed 2 rows: ['doc-0', 'doc-1']" in capsys.readouterr().out

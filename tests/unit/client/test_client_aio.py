@@ -290,3 +290,54 @@ def test_a_slot_stays_registered_after_a_failed_call_so_its_next_stream_is_dropp
 
     registered, streams = asyncio.run(scenario())
     assert registered and len(streams) == 2 and all(s.cancelled for s in streams)
+
+
+def test_a_background_job_leaves_a_slot_per_replica_for_live_jobs():
+    """A background job (the gateway's batch jobs) holds at most inflight - 1 slots of a replica;
+    a live job sent while it holds them is answered at once, before the background job's chunks."""
+    gate = asyncio.Event()
+    answered: list[str] = []
+    held: list[int] = []  # background chunks waiting at the gate
+
+    class GatedReplica(FakeReplica):
+        def slot(self):
+            inner = super().slot()
+
+            class Slot:
+                async def call(self, payload):
+                    kind, start, stop = payload
+                    if kind == "background":
+                        held.append(start)
+                        await gate.wait()
+                    answered.append(kind)
+                    return await inner.call((start, stop))
+
+                async def close(self):
+                    pass
+
+            return Slot()
+
+    async def scenario():
+        replica = GatedReplica("a")
+        dispatcher = AsyncDispatcher(["a"], lambda url: replica.slot(), 3, FAST)
+        await dispatcher.start()
+        try:
+            chunks = plan_chunks([1] * 10, max_chunk_tokens=1, max_chunk_texts=1)
+            background = asyncio.ensure_future(dispatcher.run(chunks, lambda c: ("background", c.start, c.stop),
+                                                              background=True))
+            while len(held) < 2:
+                await asyncio.sleep(0)
+            for _ in range(100):  # a third slot would have taken a chunk by now
+                await asyncio.sleep(0)
+            assert len(held) == 2 and len(dispatcher.tasks) == len(chunks) - 2
+            live = await dispatcher.run(chunks[:1], lambda c: ("live", c.start, c.stop))
+            assert len(held) == 2 and answered == ["live"]  # the background job still holds 2 of 3
+            gate.set()
+            await background
+            return live, background.result()
+        finally:
+            await dispatcher.close()
+
+    live, rows = asyncio.run(scenario())
+    np.testing.assert_array_equal(np.concatenate(live)[:, 0], [0])
+    np.testing.assert_array_equal(np.concatenate(rows)[:, 0], np.arange(10))
