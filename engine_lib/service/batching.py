@@ -152,7 +152,7 @@ class BatchingService:
                 self.metrics.count("rose_refused_total", reason=reason)
                 raise OverloadError(message)
             key = next(self._ids)
-            rows = np.empty((len(seq_lens), self.output_dim), dtype=np.float32)
+            rows = np.empty((len(seq_lens), self.output_dim), dtype=getattr(self.engine, "row_dtype", np.float32))
             self._requests[key] = _PooledRequest(input_ids, token_types, on_done, rows, len(seq_lens), is_cancelled,
                                                  priority, time.monotonic(), received=received_at or time.perf_counter())
             self._batcher.add(key, seq_lens, priority)

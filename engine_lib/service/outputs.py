@@ -149,6 +149,10 @@ class ScoreOutput:
 
 def output_for(engine):
     """The answer an engine's task calls for."""
+    if getattr(engine, "retrieval_kind", None):
+        from engine_lib.service.retrieval_outputs import RetrievalOutput
+
+        return RetrievalOutput(engine.retrieval_kind, engine.dense_dim)
     if engine.task == "score":
         return ScoreOutput(engine.score_activation)
     return EmbeddingOutput(engine.output_dim)
