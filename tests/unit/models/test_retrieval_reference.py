@@ -118,3 +118,16 @@ def test_a_type_the_model_cannot_give_is_refused_naming_model_kind_and_type(fold
     for folder, kind in ((folders["splade"], "float"), (folders["splade"], "multivector")):
         with pytest.raises(InputError, match=rf"'{kind}' is not given by this model \(a splade model"):
             serve(folder, RequestOptions(embedding_types=(kind,)))
+
+
+def test_a_dense_embedder_refuses_sparse_and_multivector_naming_the_type():
+    from engine_lib.service.outputs import EmbeddingOutput
+    from rose_wire import EMBEDDING_OUTPUTS, OUTPUTS_OF_RAGGED_TYPE, RAGGED_OUTPUTS
+
+    output = EmbeddingOutput(384)
+    for kind in ("sparse", "multivector"):
+        for requested in ([], list(OUTPUTS_OF_RAGGED_TYPE[kind][:1])):
+            options = output.select(RequestOptions(embedding_types=(kind,)), requested,
+                                    [*EMBEDDING_OUTPUTS, *RAGGED_OUTPUTS])
+            with pytest.raises(InputError, match=rf"'{kind}' is not given by this model \(a dense embedder"):
+                output.check(options)

@@ -1,0 +1,86 @@
+"""A BGE-M3-kind model served by name (multi_server's random-weight `bge-m3-tiny`): dense, sparse and
+multi-vector outputs from one request on every Triton path (ensemble gRPC streaming, HTTP generate,
+the unary front), against FlagEmbedding on the same folder; a dense-only model refuses them."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from engine_lib.service.retrieval_outputs import split_multivector, split_sparse
+from rose_wire import (DEFAULT_EMBEDDER, EMBEDDER, EMBEDDINGS, MULTIVECTOR, MULTIVECTOR_COUNTS, SPARSE_COUNTS,
+                       SPARSE_INDICES, SPARSE_VALUES, TEXT, served_models)
+from testing.tiny_models import cosine_rows
+from testing.tiny_retrieval import flag_m3
+
+TEXTS = ["what is the capital of france", "paris is the capital , paris", "gravity"]
+ALL = {"embedding_types": "float,sparse,multivector"}
+SHAPES = {EMBEDDINGS: (np.float32, 2), SPARSE_INDICES: (np.int64, 1), SPARSE_VALUES: (np.float32, 1),
+          SPARSE_COUNTS: (np.int64, 1), MULTIVECTOR: (np.float32, 2), MULTIVECTOR_COUNTS: (np.int64, 1)}
+
+
+def _texts():
+    return np.array([t.encode() for t in TEXTS], dtype=object)
+
+
+def stream(url, model):
+    from testing.embed_clients import stream_outputs
+
+    return stream_outputs(url, {TEXT: _texts()}, parameters=ALL, model=model)
+
+
+def generate(url, model):
+    body = json.dumps({TEXT: TEXTS, "parameters": ALL}).encode()
+    request = urllib.request.Request(f"http://{url}/v2/models/{model}/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        reply = json.load(response)
+    out = {n: np.asarray(reply[n], dtype=d) for n, (d, _) in SHAPES.items() if n in reply}
+    width = len(out[EMBEDDINGS]) // len(TEXTS)
+    out[EMBEDDINGS] = out[EMBEDDINGS].reshape(len(TEXTS), width)
+    out[MULTIVECTOR] = out[MULTIVECTOR].reshape(-1, width)
+    return out
+
+
+def unary(protocol, url, model):
+    client = protocol.InferenceServerClient(url)
+    try:
+        text = protocol.InferInput(TEXT, [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(_texts())
+        result = client.infer(model, [text], outputs=[protocol.InferRequestedOutput(n) for n in SHAPES],
+                              parameters=ALL)
+        return {n: result.as_numpy(n) for n in SHAPES}
+    finally:
+        client.close()
+
+
+def test_three_outputs_from_one_request_match_flagembedding_on_every_path(multi_server):
+    server = multi_server
+    models = served_models(server.retrieval_name, EMBEDDER)
+    want = flag_m3(server.retrieval_folder).encode(TEXTS, return_dense=True, return_sparse=True,
+                                                   return_colbert_vecs=True, max_length=128)
+    paths = {"ensemble gRPC": stream(server.grpc_url, models.ensemble),
+             "ensemble HTTP generate": generate(server.http_url, models.ensemble),
+             "unary gRPC": unary(grpcclient, server.grpc_url, models.front),
+             "unary HTTP": unary(httpclient, server.http_url, models.front)}
+    for path, got in paths.items():
+        assert {n: (a.dtype, a.ndim) for n, a in got.items() if n in SHAPES} == \
+            {n: (np.dtype(d), k) for n, (d, k) in SHAPES.items()}, path
+        assert cosine_rows(got[EMBEDDINGS], want["dense_vecs"]).min() >= 0.999, path
+        for (indices, values), reference in zip(split_sparse(got), want["lexical_weights"], strict=True):
+            ids = sorted(int(k) for k in reference)
+            assert indices.tolist() == ids, path
+            np.testing.assert_allclose(values, [reference[str(i)] for i in ids], rtol=1e-4, err_msg=path)
+        for vectors, reference in zip(split_multivector(got), want["colbert_vecs"], strict=True):
+            assert vectors.shape == reference.shape and cosine_rows(vectors, reference).min() >= 0.999, path
+
+
+def test_a_dense_model_refuses_sparse_naming_the_type(multi_server):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="'sparse' is not given by this model"):
+        unary(grpcclient, multi_server.grpc_url, DEFAULT_EMBEDDER.front)
