@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
-from .api import admin, cohere, openai
+from .api import admin, cohere, openai, tei
 from .config import GatewayConfig
 from .engine.liveness import LIVENESS_PATH
 from .http.plumbing import Gateway, endpoint, http_error, internal_error
@@ -33,6 +33,7 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/v1/embeddings", endpoint(gateway, "embeddings", openai.embeddings, limited=True), methods=["POST"]),
         Route("/v1/rerank", endpoint(gateway, "rerank", openai.rerank, limited=True), methods=["POST"]),
         Route("/v2/embed", endpoint(gateway, "embed_v2", cohere.embed, limited=True), methods=["POST"]),
+        Route("/embed_sparse", endpoint(gateway, "embed_sparse", tei.embed_sparse, limited=True), methods=["POST"]),
         Route("/v1/models", endpoint(gateway, "models", admin.models), methods=["GET"]),
         Route("/v1/models/{model}", endpoint(gateway, "model", admin.model), methods=["GET"]),
         # probes and metrics: open, no deadline, not counted

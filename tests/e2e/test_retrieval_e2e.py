@@ -84,3 +84,60 @@ def test_a_dense_model_refuses_sparse_naming_the_type(multi_server):
 
     with pytest.raises(InferenceServerException, match="'sparse' is not given by this model"):
         unary(grpcclient, multi_server.grpc_url, DEFAULT_EMBEDDER.front)
+
+
+def post(server, path, body):
+    from urllib.error import HTTPError
+
+    request = urllib.request.Request(f"{server.gateway_url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.load(response)
+    except HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_gateway_v2_embed_gives_all_three_in_one_call_and_embed_sparse_as_tei(multi_server):
+    server = multi_server
+    want = flag_m3(server.retrieval_folder).encode(TEXTS, return_dense=True, return_sparse=True,
+                                                   return_colbert_vecs=True, max_length=128)
+    status, body = post(server, "/v2/embed", {"model": server.retrieval_name, "texts": TEXTS,
+                                              "embedding_types": ["float", "sparse", "multivector"]})
+    assert status == 200, body
+    got = body["embeddings"]
+    assert cosine_rows(np.array(got["float"]), want["dense_vecs"]).min() >= 0.999
+    for sparse, vectors, weights, colbert in zip(got["sparse"], got["multivector"], want["lexical_weights"],
+                                                 want["colbert_vecs"], strict=True):
+        assert sparse["indices"] == sorted(int(k) for k in weights)
+        np.testing.assert_allclose(sparse["values"], [weights[str(i)] for i in sparse["indices"]], rtol=1e-4)
+        assert cosine_rows(np.array(vectors), colbert).min() >= 0.999
+    status, top = post(server, "/v2/embed", {"model": server.retrieval_name, "texts": TEXTS,
+                                             "embedding_types": ["sparse"], "sparse_top_k": 2})
+    assert status == 200 and list(top["embeddings"]) == ["sparse"], top
+    for sparse, weights in zip(top["embeddings"]["sparse"], want["lexical_weights"]):
+        assert sorted(sparse["values"], reverse=True) == pytest.approx(sorted(weights.values(), reverse=True)[:2],
+                                                                        rel=1e-4)
+    for model in (server.retrieval_name, None):  # left out: the only served model that gives sparse
+        status, tei = post(server, "/embed_sparse", {"inputs": TEXTS, **({"model": model} if model else {})})
+        assert status == 200, tei
+        assert [[e["index"] for e in text] for text in tei] == [s["indices"] for s in got["sparse"]]
+        for text, sparse in zip(tei, got["sparse"]):
+            np.testing.assert_allclose([e["value"] for e in text], sparse["values"], rtol=1e-6)
+
+
+def test_gateway_refuses_types_a_model_cannot_give_and_multivectors_past_the_token_cap(multi_server):
+    server = multi_server
+    status, body = post(server, "/v2/embed", {"model": server.embedder_name, "texts": ["x"],
+                                              "embedding_types": ["float", "sparse"]})
+    assert status == 400 and body["error"]["param"] == "embedding_types", body
+    assert f"model {server.embedder_name!r} cannot give embedding type 'sparse'" in body["error"]["message"]
+    status, body = post(server, "/embed_sparse", {"inputs": "x", "model": server.embedder_name})
+    assert status == 400 and "cannot give embedding type 'sparse'" in body["error"]["message"], body
+    from gateway.api.cohere import MAX_MULTIVECTOR_TOKENS
+
+    long = " ".join(["paris is the capital"] * 40)  # cut at the model's 128 tokens
+    texts = [long] * (MAX_MULTIVECTOR_TOKENS // 128 + 1)
+    status, body = post(server, "/v2/embed", {"model": server.retrieval_name, "texts": texts,
+                                              "embedding_types": ["multivector"]})
+    assert status == 413 and "multi-vector" in body["error"]["message"], body
