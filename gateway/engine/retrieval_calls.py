@@ -61,3 +61,23 @@ async def embed_retrieval(backend, encoded: Encoded, types: list[str], parameter
     if "multivector" in types:
         out["multivector"] = [vectors for p in parts for vectors in split_multivector(p)]
     return out
+
+
+def late_interaction_scores(outputs: dict, weights: list[float] | None) -> np.ndarray:
+    """Scores of texts 1.. (documents) against text 0 (the query) from embed_retrieval's `outputs`, as
+    FlagEmbedding's BGE-M3 compute_score makes them: MaxSim (the mean over the query's token vectors of
+    their best dot product with the document's); with `weights` [dense, sparse, multivector], the
+    weighted mean of the dense dot product, the lexical score (the sum of shared tokens' weight
+    products) and MaxSim."""
+    query, documents = outputs["multivector"][0], outputs["multivector"][1:]
+    maxsim = np.array([(query.astype(np.float64) @ d.T).max(1).mean() for d in documents])
+    if weights is None:
+        return maxsim
+    dense = outputs["float"][1:].astype(np.float64) @ outputs["float"][0].astype(np.float64)
+    q_ids, q_values = outputs["sparse"][0]
+    lexical = []
+    for ids, values in outputs["sparse"][1:]:
+        _, qi, di = np.intersect1d(q_ids, ids, assume_unique=True, return_indices=True)
+        lexical.append(float((q_values[qi].astype(np.float64) * values[di]).sum()))
+    w_dense, w_sparse, w_multi = weights
+    return (w_dense * dense + w_sparse * np.array(lexical) + w_multi * maxsim) / sum(weights)

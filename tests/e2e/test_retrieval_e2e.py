@@ -141,3 +141,19 @@ def test_gateway_refuses_types_a_model_cannot_give_and_multivectors_past_the_tok
     status, body = post(server, "/v2/embed", {"model": server.retrieval_name, "texts": texts,
                                               "embedding_types": ["multivector"]})
     assert status == 413 and "multi-vector" in body["error"]["message"], body
+
+
+def test_rerank_on_bge_m3_scores_maxsim_and_weighted_like_compute_score(multi_server):
+    server = multi_server
+    query, documents = TEXTS[0], TEXTS[1:]
+    want = flag_m3(server.retrieval_folder).compute_score([(query, d) for d in documents], max_query_length=128,
+                                                          max_passage_length=128, weights_for_different_modes=[0.4, 0.2, 0.4])
+    for weights, key in ((None, "colbert"), ([0.4, 0.2, 0.4], "colbert+sparse+dense")):
+        status, body = post(server, "/v1/rerank", {"model": server.retrieval_name, "query": query,
+                                                   "documents": documents, **({"weights": weights} if weights else {})})
+        assert status == 200 and body["model"] == server.retrieval_name, body
+        scores = [r["relevance_score"] for r in sorted(body["results"], key=lambda r: r["index"])]
+        np.testing.assert_allclose(scores, want[key], atol=1e-4, err_msg=key)
+    status, body = post(server, "/v1/rerank", {"model": server.retrieval_name, "query": query,
+                                               "documents": documents, "weights": [1, 1]})
+    assert status == 400 and body["error"]["param"] == "weights", body
