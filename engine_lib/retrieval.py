@@ -22,7 +22,8 @@ from engine_lib.model_folder import ModelFolder
 
 BGE_M3, SPLADE = "bge-m3", "splade"
 DENSE, SPARSE, MULTIVECTOR = "float", "sparse", "multivector"  # embedding_types names
-OFFERED = {BGE_M3: (DENSE, SPARSE, MULTIVECTOR), SPLADE: (SPARSE,)}
+COMPACT_MULTIVECTORS = ("multivector_float16", "multivector_int8", "multivector_binary")
+OFFERED = {BGE_M3: (DENSE, SPARSE, MULTIVECTOR, *COMPACT_MULTIVECTORS), SPLADE: (SPARSE,)}
 ROW_DTYPE = object
 M3_SPECIAL_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")  # FlagEmbedding's unused tokens
 SPLADE_ACTIVATIONS = ("relu", "log1p_relu")

@@ -22,6 +22,9 @@ SPARSE_VALUES = "SPARSE_VALUES"    # FP32 [K]: their weights (> 0)
 SPARSE_COUNTS = "SPARSE_COUNTS"    # INT64 [N]: entries per text
 MULTIVECTOR = "MULTIVECTOR"        # FP32 [T, D]: each text's token vectors, normalised
 MULTIVECTOR_COUNTS = "MULTIVECTOR_COUNTS"  # INT64 [N]: vectors per text
+MULTIVECTOR_FP16 = "MULTIVECTOR_FP16"      # FP16 [T, D]: the same vectors in float16
+MULTIVECTOR_INT8 = "MULTIVECTOR_INT8"      # INT8 [T, D]: round(127 x each component) (the vectors are unit-length)
+MULTIVECTOR_BINARY = "MULTIVECTOR_BINARY"  # UINT8 [T, ceil(D/8)]: sign bits (component > 0) packed 8 per byte
 
 # Models of the repository (model_repository/) and of the rerank set (model_sets/rerank/).
 ENSEMBLE = "ensemble"              # TEXT -> tokenizer -> rose_encoder -> EMBEDDINGS (decoupled)
@@ -38,10 +41,13 @@ OUTPUT_OF_TYPE = {"float": EMBEDDINGS, "int8": EMBEDDINGS_INT8, "uint8": EMBEDDI
                   "binary": EMBEDDINGS_BINARY, "ubinary": EMBEDDINGS_UBINARY, "int8_ranges": INT8_RANGES}
 # Ragged types -> the tensors carrying each (only the retrieval kinds give them).
 OUTPUTS_OF_RAGGED_TYPE = {"sparse": (SPARSE_INDICES, SPARSE_VALUES, SPARSE_COUNTS),
-                          "multivector": (MULTIVECTOR, MULTIVECTOR_COUNTS)}
+                          "multivector": (MULTIVECTOR, MULTIVECTOR_COUNTS),
+                          "multivector_float16": (MULTIVECTOR_FP16, MULTIVECTOR_COUNTS),
+                          "multivector_int8": (MULTIVECTOR_INT8, MULTIVECTOR_COUNTS),
+                          "multivector_binary": (MULTIVECTOR_BINARY, MULTIVECTOR_COUNTS)}
 EMBEDDING_OUTPUTS = tuple(OUTPUT_OF_TYPE.values())  # the embedding models' outputs, in config.pbtxt order
 
-RAGGED_OUTPUTS = tuple(t for ts in OUTPUTS_OF_RAGGED_TYPE.values() for t in ts)
+RAGGED_OUTPUTS = tuple(dict.fromkeys(t for ts in OUTPUTS_OF_RAGGED_TYPE.values() for t in ts))
 TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, TEXT_WINDOWS, *EMBEDDING_OUTPUTS, SCORES,
            *RAGGED_OUTPUTS)
 MODELS = (ENSEMBLE, EMBED, TOKENIZER, ROSE_ENCODER, RERANK, SCORE, RERANK_TOKENIZER, RERANK_ENCODER)

@@ -4,7 +4,9 @@ outputs from the same rows (one TextOutputs per text), ragged over the texts.
 - float: EMBEDDINGS FP32 [N, H] (Matryoshka cut, then normalised, as EmbeddingOutput does);
 - sparse: SPARSE_INDICES INT64 [K], SPARSE_VALUES FP32 [K], SPARSE_COUNTS INT64 [N]; indices
   ascending within a text; `sparse_top_k` keeps a text's k largest weights;
-- multivector: MULTIVECTOR FP32 [T, D] (every kept token vector, normalised), MULTIVECTOR_COUNTS INT64 [N].
+- multivector: MULTIVECTOR FP32 [T, D] (every kept token vector, normalised), MULTIVECTOR_COUNTS INT64 [N];
+  multivector_float16 / _int8 / _binary: the same vectors as MULTIVECTOR_FP16, MULTIVECTOR_INT8
+  (round(127 x component): unit vectors need no calibration) or MULTIVECTOR_BINARY (packed sign bits).
 """
 from __future__ import annotations
 
@@ -17,12 +19,19 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 from engine_lib.retrieval import DENSE, MULTIVECTOR, OFFERED, SPARSE, TextOutputs
 from engine_lib.service.outputs import finish_rows
+from engine_lib.service.quantize import pack_signs
 from rose_wire import EMBEDDINGS
-from rose_wire.names import (MULTIVECTOR as MULTIVECTOR_TENSOR, MULTIVECTOR_COUNTS, OUTPUTS_OF_RAGGED_TYPE,
-                             SPARSE_COUNTS, SPARSE_INDICES, SPARSE_VALUES)
+from rose_wire.names import (MULTIVECTOR as MULTIVECTOR_TENSOR, MULTIVECTOR_BINARY, MULTIVECTOR_COUNTS,
+                             MULTIVECTOR_FP16, MULTIVECTOR_INT8, OUTPUTS_OF_RAGGED_TYPE, SPARSE_COUNTS,
+                             SPARSE_INDICES, SPARSE_VALUES)
 
 TENSORS_OF_TYPE = {DENSE: (EMBEDDINGS,), **OUTPUTS_OF_RAGGED_TYPE}
-TYPE_OF_TENSOR = {tensor: kind for kind, tensors in TENSORS_OF_TYPE.items() for tensor in tensors}
+COMPACT = {"multivector_float16": (MULTIVECTOR_FP16, lambda v: v.astype(np.float16)),
+           "multivector_int8": (MULTIVECTOR_INT8, lambda v: np.clip(np.rint(v * 127), -127, 127).astype(np.int8)),
+           "multivector_binary": (MULTIVECTOR_BINARY, lambda v: pack_signs(v, signed=False))}
+# a requested tensor -> the type it asks for (the counts come with every multi-vector type: no type of their own)
+TYPE_OF_TENSOR = {tensor: kind for kind, tensors in TENSORS_OF_TYPE.items() for tensor in tensors
+                  if tensor != MULTIVECTOR_COUNTS}
 
 
 def top_k(indices: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,9 +49,10 @@ def sparse_tensors(texts: Sequence[TextOutputs], k: int = 0) -> dict[str, np.nda
             SPARSE_COUNTS: np.array([len(p[0]) for p in pairs], dtype=np.int64)}
 
 
-def multivector_tensors(texts: Sequence[TextOutputs]) -> dict[str, np.ndarray]:
-    return {MULTIVECTOR_TENSOR: np.ascontiguousarray(np.concatenate([t.multivector for t in texts]),
-                                                     dtype=np.float32),
+def multivector_tensors(texts: Sequence[TextOutputs], kind: str = MULTIVECTOR) -> dict[str, np.ndarray]:
+    vectors = np.ascontiguousarray(np.concatenate([t.multivector for t in texts]), dtype=np.float32)
+    name, convert = COMPACT.get(kind, (MULTIVECTOR_TENSOR, lambda v: v))
+    return {name: np.ascontiguousarray(convert(vectors)),
             MULTIVECTOR_COUNTS: np.array([len(t.multivector) for t in texts], dtype=np.int64)}
 
 
@@ -100,6 +110,6 @@ class RetrievalOutput:
                 out[EMBEDDINGS] = finish_rows(np.stack([t.dense for t in texts]), options)
             elif kind == SPARSE:
                 out.update(sparse_tensors(texts, options.sparse_top_k))
-            elif kind == MULTIVECTOR:
-                out.update(multivector_tensors(texts))
+            elif kind == MULTIVECTOR or kind in COMPACT:
+                out.update(multivector_tensors(texts, kind))
         return out

@@ -79,6 +79,25 @@ def test_three_outputs_from_one_request_match_flagembedding_on_every_path(multi_
             assert vectors.shape == reference.shape and cosine_rows(vectors, reference).min() >= 0.999, path
 
 
+def test_compact_multivectors_over_the_unary_front(multi_server):
+    from rose_wire import MULTIVECTOR_BINARY, MULTIVECTOR_FP16
+
+    client = grpcclient.InferenceServerClient(multi_server.grpc_url)
+    try:
+        text = grpcclient.InferInput(TEXT, [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(_texts())
+        names = [MULTIVECTOR, MULTIVECTOR_FP16, MULTIVECTOR_BINARY, MULTIVECTOR_COUNTS]
+        result = client.infer(served_models(multi_server.retrieval_name, EMBEDDER).front, [text],
+                              outputs=[grpcclient.InferRequestedOutput(n) for n in names])
+    finally:
+        client.close()
+    vectors = result.as_numpy(MULTIVECTOR)
+    assert result.as_numpy(MULTIVECTOR_FP16).dtype == np.float16
+    np.testing.assert_allclose(result.as_numpy(MULTIVECTOR_FP16), vectors, atol=1e-3)
+    np.testing.assert_array_equal(np.unpackbits(result.as_numpy(MULTIVECTOR_BINARY), axis=1)[:, :vectors.shape[1]],
+                                  vectors > 0)
+
+
 def test_a_dense_model_refuses_sparse_naming_the_type(multi_server):
     from tritonclient.utils import InferenceServerException
 

@@ -131,3 +131,26 @@ def test_a_dense_embedder_refuses_sparse_and_multivector_naming_the_type():
                                     [*EMBEDDING_OUTPUTS, *RAGGED_OUTPUTS])
             with pytest.raises(InputError, match=rf"'{kind}' is not given by this model \(a dense embedder"):
                 output.check(options)
+
+
+def test_compact_multivectors_are_the_float_vectors_in_float16_int8_and_sign_bits(folders):
+    from rose_wire import MULTIVECTOR, MULTIVECTOR_BINARY, MULTIVECTOR_COUNTS, MULTIVECTOR_FP16, MULTIVECTOR_INT8
+
+    kinds = ("multivector", "multivector_float16", "multivector_int8", "multivector_binary")
+    got = serve(folders["bge-m3"], RequestOptions(embedding_types=kinds))
+    assert set(got) == {MULTIVECTOR, MULTIVECTOR_FP16, MULTIVECTOR_INT8, MULTIVECTOR_BINARY, MULTIVECTOR_COUNTS}
+    vectors = got[MULTIVECTOR]
+    assert got[MULTIVECTOR_FP16].dtype == np.float16 and got[MULTIVECTOR_INT8].dtype == np.int8
+    np.testing.assert_allclose(got[MULTIVECTOR_FP16], vectors, atol=1e-3)
+    assert cosine_rows(got[MULTIVECTOR_INT8], vectors).min() >= 0.99
+    np.testing.assert_array_equal(np.unpackbits(got[MULTIVECTOR_BINARY], axis=1)[:, :vectors.shape[1]], vectors > 0)
+    only = endpoint_select(folders["bge-m3"], [MULTIVECTOR_FP16, MULTIVECTOR_COUNTS])
+    assert only == ("multivector_float16",)
+
+
+def endpoint_select(folder, requested):
+    from engine_lib.service.retrieval_outputs import RetrievalOutput
+    from rose_wire import EMBEDDING_OUTPUTS, RAGGED_OUTPUTS
+
+    output = RetrievalOutput("bge-m3", 64)
+    return output.select(RequestOptions(), requested, [*EMBEDDING_OUTPUTS, *RAGGED_OUTPUTS]).embedding_types
