@@ -58,7 +58,8 @@ class ModelFolder:
         path = resolve_model_dir(model_dir)
         pooling_path = os.path.join(path, "1_Pooling", "config.json")
         for module in _read_json(os.path.join(path, "modules.json")) or []:
-            if module.get("type", "").endswith("Pooling"):
+            kind = module.get("type", "")
+            if kind.endswith("Pooling") and not kind.endswith("SpladePooling"):  # SPLADE: engine_lib/retrieval.py
                 pooling_path = os.path.join(path, module.get("path", ""), "config.json")
         pooling = _read_json(pooling_path) if os.path.isfile(pooling_path) else None
         return cls(path=path,

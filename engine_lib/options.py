@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from engine_lib.config import parse_bool
 from engine_lib.errors import InputError
 from rose_wire import OUTPUT_OF_TYPE
+from rose_wire.names import OUTPUTS_OF_RAGGED_TYPE
 
 # Which template prefix the tokenizer applies (engine_lib/tokenization/text.py: template_prefixes).
 INPUT_TYPES = ("document", "query", "classification", "clustering")
 TRUNCATION_DIRECTIONS = ("right", "left")  # right: keep the start of a long text; left: keep its end
 CHUNKING_MODES = ("none", "mean")  # mean: a long text's windows, pooled (tokenization/text.py: windows)
-OUTPUT_TYPES = tuple(OUTPUT_OF_TYPE)  # float, int8, uint8, binary, ubinary, int8_ranges
+# float, int8, uint8, binary, ubinary, int8_ranges; sparse, multivector (retrieval kinds only)
+OUTPUT_TYPES = tuple(OUTPUT_OF_TYPE) + tuple(OUTPUTS_OF_RAGGED_TYPE)
 # Scheduling classes (engine_lib/service/scheduler.py): interactive work fills each batch first.
 INTERACTIVE, BATCH = "interactive", "batch"
 PRIORITIES = (INTERACTIVE, BATCH)
@@ -114,9 +116,10 @@ class RequestOptions:
     # Outputs to compute (OUTPUT_TYPES); () = decided by the requested outputs (outputs.py: select_types).
     embedding_types: tuple[str, ...] = ()
     chunking: str = "none"  # "mean": a text over the maximum is embedded as consecutive windows, pooled
+    sparse_top_k: int = 0   # sparse outputs: keep each text's k largest weights; 0 = all
 
     NAMES = {"input_type", "truncate", "normalize", "dimensions", "truncation_direction", "embedding_types",
-             "chunking", PRIORITY_PARAMETER}
+             "chunking", "sparse_top_k", PRIORITY_PARAMETER}
 
     @classmethod
     def from_parameters(cls, params: dict | str | None, json_body: bool = False) -> "RequestOptions":
@@ -136,7 +139,8 @@ class RequestOptions:
             dimensions = check_integer("dimensions", params.get("dimensions", 0), digits=not json_body)
         except InputError as exc:
             raise InputError(f"{exc} (a non-negative integer; 0 = all)", exc.field) from None
-        return cls(input_type=input_type,
+        sparse_top_k = check_integer("sparse_top_k", params.get("sparse_top_k", 0), digits=not json_body)
+        return cls(input_type=input_type, sparse_top_k=sparse_top_k,
                    truncate=_as_bool("truncate", params.get("truncate", True)),
                    normalize=_as_bool("normalize", params.get("normalize", True)),
                    dimensions=dimensions, truncation_direction=direction,

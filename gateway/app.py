@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from rose_triton.faults import install_fault_gate
 
-from .api import admin, cohere, openai
+from .api import admin, cohere, openai, tei
 from .batch.runner import BatchRunner, RunnerSettings
 from .batch.store import BatchStore, Limits
 from .config import GatewayConfig
@@ -47,6 +47,7 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/v1/rerank", endpoint(gateway, "rerank", openai.rerank, limited=True), methods=["POST"]),
         Route("/v2/embed", endpoint(gateway, "embed_v2", cohere.embed, limited=True), methods=["POST"]),
         Route("/v1/batches", endpoint(gateway, "batches", openai.create_batch, limited=True), methods=["POST"]),
+        Route("/embed_sparse", endpoint(gateway, "embed_sparse", tei.embed_sparse, limited=True), methods=["POST"]),
         Route("/v1/models", endpoint(gateway, "models", admin.models), methods=["GET"]),
         Route("/v1/files", endpoint(gateway, "files", openai.create_file), methods=["POST"]),  # multipart, to disk
         Route("/v1/files", endpoint(gateway, "files", openai.list_files), methods=["GET"]),

@@ -16,6 +16,15 @@ EMBEDDINGS_BINARY = "EMBEDDINGS_BINARY"    # INT8 [N, ceil(D/8)]: packed sign bi
 EMBEDDINGS_UBINARY = "EMBEDDINGS_UBINARY"  # UINT8 [N, ceil(D/8)]: packed sign bits
 INT8_RANGES = "INT8_RANGES"        # FP32 [2, D]: per-dimension [min, max] the int8/uint8 rows were quantized with
 SCORES = "SCORES"                  # FP32 [N]
+# Ragged retrieval outputs (engine_lib/retrieval.py), concatenated over the texts with a count per text.
+SPARSE_INDICES = "SPARSE_INDICES"  # INT64 [K]: each text's token ids, ascending within a text
+SPARSE_VALUES = "SPARSE_VALUES"    # FP32 [K]: their weights (> 0)
+SPARSE_COUNTS = "SPARSE_COUNTS"    # INT64 [N]: entries per text
+MULTIVECTOR = "MULTIVECTOR"        # FP32 [T, D]: each text's token vectors, normalised
+MULTIVECTOR_COUNTS = "MULTIVECTOR_COUNTS"  # INT64 [N]: vectors per text
+MULTIVECTOR_FP16 = "MULTIVECTOR_FP16"      # FP16 [T, D]: the same vectors in float16
+MULTIVECTOR_INT8 = "MULTIVECTOR_INT8"      # INT8 [T, D]: round(127 x each component) (the vectors are unit-length)
+MULTIVECTOR_BINARY = "MULTIVECTOR_BINARY"  # UINT8 [T, ceil(D/8)]: sign bits (component > 0) packed 8 per byte
 
 # Models of the repository (model_repository/) and of the rerank set (model_sets/rerank/).
 ENSEMBLE = "ensemble"              # TEXT -> tokenizer -> rose_encoder -> EMBEDDINGS (decoupled)
@@ -30,9 +39,17 @@ RERANK_ENCODER = "rerank_encoder"  # INPUT_IDS, SEQ_LENS[, TOKEN_TYPE_IDS] -> SC
 # Output types a request names (request parameter `embedding_types`) -> the tensor carrying each.
 OUTPUT_OF_TYPE = {"float": EMBEDDINGS, "int8": EMBEDDINGS_INT8, "uint8": EMBEDDINGS_UINT8,
                   "binary": EMBEDDINGS_BINARY, "ubinary": EMBEDDINGS_UBINARY, "int8_ranges": INT8_RANGES}
+# Ragged types -> the tensors carrying each (only the retrieval kinds give them).
+OUTPUTS_OF_RAGGED_TYPE = {"sparse": (SPARSE_INDICES, SPARSE_VALUES, SPARSE_COUNTS),
+                          "multivector": (MULTIVECTOR, MULTIVECTOR_COUNTS),
+                          "multivector_float16": (MULTIVECTOR_FP16, MULTIVECTOR_COUNTS),
+                          "multivector_int8": (MULTIVECTOR_INT8, MULTIVECTOR_COUNTS),
+                          "multivector_binary": (MULTIVECTOR_BINARY, MULTIVECTOR_COUNTS)}
 EMBEDDING_OUTPUTS = tuple(OUTPUT_OF_TYPE.values())  # the embedding models' outputs, in config.pbtxt order
 
-TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, TEXT_WINDOWS, *EMBEDDING_OUTPUTS, SCORES)
+RAGGED_OUTPUTS = tuple(dict.fromkeys(t for ts in OUTPUTS_OF_RAGGED_TYPE.values() for t in ts))
+TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, TEXT_WINDOWS, *EMBEDDING_OUTPUTS, SCORES,
+           *RAGGED_OUTPUTS)
 MODELS = (ENSEMBLE, EMBED, TOKENIZER, ROSE_ENCODER, RERANK, SCORE, RERANK_TOKENIZER, RERANK_ENCODER)
 
 # Served models by name (scripts/serve.sh --model NAME=DIR / --rerank-model NAME=DIR, or a

@@ -7,7 +7,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ROSE_VENV:-$ROOT/.venv}"
 PYTHON="${ROSE_PYTHON:-python3}"
 LOCKS=("$ROOT/requirements.lock")
-[[ "${1:-}" == "--test" ]] && LOCKS+=("$ROOT/requirements-test.lock")
+NODEPS_LOCKS=()  # installed with --no-deps: exactly the packages they list (their declared trees are unused)
+[[ "${1:-}" == "--test" ]] && LOCKS+=("$ROOT/requirements-test.lock") && NODEPS_LOCKS+=("$ROOT/requirements-test-nodeps.lock")
 
 log() { echo "[setup] $*" >&2; }
 
@@ -16,7 +17,7 @@ CACHE="${ROSE_SETUP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rose}"
 # downloaded ~540 MB at every set-up). A lock that asks for a wheel the folder lacks fetches it
 # (pip download, with what pip adds itself, such as setuptools for torch).
 WHEELS="$CACHE/wheels"
-want="$(cat "${LOCKS[@]}" | sha256sum | cut -d' ' -f1)"
+want="$(cat "${LOCKS[@]}" "${NODEPS_LOCKS[@]}" | sha256sum | cut -d' ' -f1)"
 
 install_locks() {  # install_locks VENV: the locks into that virtualenv, from $WHEELS
   local args=() lock
@@ -30,6 +31,13 @@ install_locks() {  # install_locks VENV: the locks into that virtualenv, from $W
     "$1/bin/python" -m pip download -q -d "$WHEELS" "${args[@]}" 2> >(grep -v "^WARNING: Location" >&2)
     "${install[@]}" || { echo "[setup] installing from $WHEELS failed; removing that folder starts it afresh" >&2; exit 1; }
   fi
+  for lock in "${NODEPS_LOCKS[@]}"; do
+    local nodeps=("$1/bin/python" -m pip install -q --no-compile --no-deps --no-index --find-links "$WHEELS" -r "$lock")
+    if ! "${nodeps[@]}" >/dev/null 2>&1; then
+      "$1/bin/python" -m pip download -q --no-deps -d "$WHEELS" -r "$lock" 2> >(grep -v "^WARNING: Location" >&2)
+      "${nodeps[@]}"
+    fi
+  done
 }
 
 if [[ ! -x "$VENV/bin/python" ]]; then

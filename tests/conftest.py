@@ -12,6 +12,7 @@ from rose_triton.server import TritonServer
 from rose_wire import RERANKER, served_models
 
 MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_server's models served by name
+MULTI_RETRIEVAL = "bge-m3-tiny"  # multi_server's random-weight BGE-M3 (testing/tiny_retrieval.py)
 
 # Gateways started by the tests run one worker, whatever the CPU count (bounds and metrics stay
 # those the tests set); tests/unit/gateway/test_gateway_workers.py runs two.
@@ -122,6 +123,7 @@ def multi_server(tmp_path_factory, session_servers):
     waits for the restart."""
     from testing.qwen3_embedder import save_qwen3_embedder
     from testing.tiny_rerankers import save_reranker
+    from testing.tiny_retrieval import save_bge_m3
 
     folder = tmp_path_factory.mktemp("multi")
     (folder / "qwen3_embedder").mkdir()
@@ -130,13 +132,16 @@ def multi_server(tmp_path_factory, session_servers):
     reranker.mkdir()
     save_reranker("qwen3", reranker)
     models_file = folder / "models.json"
+    save_bge_m3(folder / "bge_m3")
     models_file.write_text(json.dumps({"embedders": {MULTI_EMBEDDER: {
-        "model_dir": "qwen3_embedder", "max_batch_tokens": 4096, "max_batch_sequences": 64}}}))
+        "model_dir": "qwen3_embedder", "max_batch_tokens": 4096, "max_batch_sequences": 64},
+        MULTI_RETRIEVAL: {"model_dir": "bge_m3"}}}))
     instance = TritonServer(folder / "server.log", gateway=True,
                             serve_args=["--models-file", str(models_file),
                                         "--rerank-model", f"{MULTI_RERANKER}={reranker}"])
     instance.embedder, instance.reranker_folder, instance.models_file = embedder, reranker, models_file
     instance.embedder_name, instance.reranker_name = MULTI_EMBEDDER, MULTI_RERANKER
+    instance.retrieval_name, instance.retrieval_folder = MULTI_RETRIEVAL, folder / "bge_m3"
     instance.rerank_models = served_models(MULTI_RERANKER, RERANKER)
     session_servers.append(instance)
     return instance

@@ -17,6 +17,8 @@ from engine_lib.model_folder import ModelFolder, scoring_architecture
 from engine_lib.models.fused import LinearAct
 from engine_lib.models.loader import read_tensors
 from engine_lib.models.pooling import pool
+from engine_lib.models.retrieval_heads import build_retrieval_head
+from engine_lib.retrieval import retrieval_kind
 
 TASKS = ("embed", "score")
 
@@ -136,7 +138,8 @@ def _yes_no_ids(folder: ModelFolder) -> tuple[int, int]:
 def build_head(task: str, folder: ModelFolder) -> nn.Module:
     cfg, path = folder.config, folder.file("config.json")
     if task == "embed":
-        return PoolingHead(folder.pooling, cfg["hidden_size"])
+        kind = retrieval_kind(folder)
+        return build_retrieval_head(kind, folder) if kind else PoolingHead(folder.pooling, cfg["hidden_size"])
     if task != "score":
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     arch = scoring_architecture(cfg, path)

@@ -17,10 +17,12 @@ from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, pack_linears,
 from engine_lib.models.heads import build_head
 from engine_lib.models.loader import allocate, load_weights
 from engine_lib.models.pooling import pool
+from engine_lib.retrieval import BGE_M3, ROW_DTYPE, retrieval_kind, special_token_ids
 from engine_lib.runner import cpu_compile as compiler
 from engine_lib.runner import self_check as probes
 from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from engine_lib.runner.inputs import INPUT_IDS, POSITIONS, SEQ_IDS, TOKEN_TYPES, step_inputs
+from engine_lib.runner.ragged_outputs import RaggedResult, m3_rows, splade_rows
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -99,6 +101,14 @@ class ModelRunner:
         self.type_vocab_size = int(cfg.get("type_vocab_size", 1) or 1)
         self._cfg, self._cls, self._folder = cfg, cls, folder
         self.model, self.head = self._build_model(self.backend, self.dtype)
+        # Retrieval kinds (engine_lib/retrieval.py): each row is one TextOutputs object; eager steps only.
+        self.retrieval_kind = retrieval_kind(folder) if task == "embed" else None
+        self.ragged = bool(getattr(self.head, "ragged", False))
+        self.row_dtype = ROW_DTYPE if self.ragged else np.float32
+        self.dense_dim = self.head.output_dim
+        self.multivector_dim = getattr(self.head, "multivector_dim", 0)
+        if self.retrieval_kind == BGE_M3:
+            self._dropped_ids = np.asarray(special_token_ids(folder), dtype=np.int64)
         self.cpu_linear = "onednn" if use_onednn(cpu_linear, self.device, self.dtype) else "plain"
         self.packed_layers = 0
         if self.cpu_linear == "onednn":  # auto: only the layers large enough to gain (cpu_linear.py)
@@ -108,7 +118,7 @@ class ModelRunner:
         self.cpu_compile = "off"
         if compiler.wanted(cpu_compile, self.device):
             self._compile(cpu_compile == "on", compile_cache_dir)
-        self.output_dim = self.head.output_dim
+        self.output_dim = 1 if self.ragged else self.head.output_dim
         self.score_activation = self.head.activation
         self.pooling = getattr(self.head, "mode", None)
         self.max_positions = self.model.max_positions
@@ -146,7 +156,9 @@ class ModelRunner:
         `reference_dtype`, the probes' mean-pooled final hidden states vs a `reference_dtype` copy
         (the layers are what the dtype changes; a score head's single logit is no vector to compare)."""
         batch = probes.probe_batch(self.vocab_size, self.max_positions)
-        self.forward_eager(batch).cpu()
+        warm = self.forward_eager(batch)
+        for tensor in warm.values() if self.ragged else (warm,):
+            tensor.cpu()
         if self.dtype == reference_dtype:
             return 1.0
         served = self._probe_rows(self.model, self.backend, batch)
@@ -198,7 +210,7 @@ class ModelRunner:
         if mode not in GRAPH_MODES:
             raise ValueError(f"cuda_graphs must be one of {GRAPH_MODES}, got {mode!r}")
         possible = self.backend.supports_graphs and (self.device.type == "cuda" or capture is not None)
-        if mode == "off" or (mode == "auto" and not possible):
+        if mode == "off" or (mode == "auto" and not possible) or self.ragged:  # ragged heads: eager only
             return None
         if not possible:
             raise ValueError(f"cuda_graphs=on needs CUDA and a capturable attention backend (masked, varlen, "
@@ -215,7 +227,8 @@ class ModelRunner:
 
     def _forward_static(self, token_data: torch.Tensor, cu_seqlens: torch.Tensor, plan) -> torch.Tensor:
         hidden = self._hidden(self._layers, token_data, plan)
-        return self.head(hidden, cu_seqlens, token_data[SEQ_IDS]).float()  # [num_seqs, output_dim]
+        out = self.head(hidden, cu_seqlens, token_data[SEQ_IDS])
+        return out if self.ragged else out.float()  # [num_seqs, output_dim] (ragged heads: a dict)
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
         inputs = step_inputs(batch, self.device)
@@ -226,6 +239,9 @@ class ModelRunner:
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Launch the forward pass; returns fp32 [num_seqs, output_dim] (pooled, not normalised; or logits)."""
         with on_device(self.device):
+            if self.ragged:
+                self.stats.eager_runs += 1
+                return RaggedResult(self.forward_eager(batch), self._ragged_builder(batch))
             pooled = self.graphs.run(batch) if self.graphs is not None else None
             if pooled is None:
                 self.stats.eager_runs += 1
@@ -233,3 +249,9 @@ class ModelRunner:
             if self.device.type == "cuda":
                 return CudaLazyTensor(pooled, self._copy_stream)
         return ResolvedTensor(pooled.numpy())
+
+    def _ragged_builder(self, batch: PackedBatch):
+        """host outputs -> list[TextOutputs] for `batch` (runner/ragged_outputs.py)."""
+        if self.retrieval_kind == BGE_M3:
+            return lambda host: m3_rows(host, batch, self._dropped_ids)
+        return lambda host: splade_rows(host, batch)

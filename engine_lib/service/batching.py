@@ -153,7 +153,7 @@ class BatchingService:
                 self.metrics.count("rose_refused_total", reason=reason)
                 raise OverloadError(message)
             key = next(self._ids)
-            rows = np.empty((len(lengths), self.output_dim), dtype=np.float32)
+            rows = np.empty((len(lengths), self.output_dim), dtype=getattr(self.engine, "row_dtype", np.float32))
             self._requests[key] = _PooledRequest(tokens, on_done, rows, len(lengths), is_cancelled, priority,
                                                  time.monotonic(), received=received_at or time.perf_counter(),
                                                  trace=trace)

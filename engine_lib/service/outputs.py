@@ -11,11 +11,14 @@ from typing import Sequence
 
 import numpy as np
 
+from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions, parse_embedding_types
 from engine_lib.service.quantize import pack_signs, quantize_scalar
-from rose_wire import EMBEDDINGS, OUTPUT_OF_TYPE, SCORES
+from rose_wire import EMBEDDINGS, OUTPUT_OF_TYPE, OUTPUTS_OF_RAGGED_TYPE, SCORES
 
 TYPE_OF_OUTPUT = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
+# sparse / multivector: the retrieval kinds' types (retrieval_outputs.py); a dense model refuses them
+TYPE_OF_RAGGED_OUTPUT = {name: kind for kind, names in OUTPUTS_OF_RAGGED_TYPE.items() for name in names}
 CALIBRATED_TYPES = ("int8", "uint8", "int8_ranges")  # need the model's calibrated ranges
 
 
@@ -35,7 +38,8 @@ def select_outputs(declared: Sequence[str], requested: Sequence[str], from_param
 def requested_outputs(parameters: dict | str | None, requested: Sequence[str], declared: Sequence[str]) -> list[str]:
     """select_outputs from a request's raw parameters (the unary fronts: the BLS call's outputs)."""
     if isinstance(parameters, dict) and EMBEDDINGS in declared:
-        named = [OUTPUT_OF_TYPE[t] for t in parse_embedding_types(parameters.get("embedding_types"))]
+        named = [name for t in parse_embedding_types(parameters.get("embedding_types"))
+                 for name in OUTPUTS_OF_RAGGED_TYPE.get(t, (OUTPUT_OF_TYPE.get(t),))]
     else:
         named = []
     return select_outputs(declared, requested, named)
@@ -76,10 +80,16 @@ class EmbeddingOutput:
 
     def select(self, options: RequestOptions, requested: Sequence[str], declared: Sequence[str]) -> RequestOptions:
         """`options` with `embedding_types` set to the types this request gets (select_outputs)."""
-        names = select_outputs(declared, requested, [OUTPUT_OF_TYPE[t] for t in options.embedding_types])
-        return dataclasses.replace(options, embedding_types=tuple(TYPE_OF_OUTPUT[n] for n in names))
+        named = [n for t in options.embedding_types for n in OUTPUTS_OF_RAGGED_TYPE.get(t) or (OUTPUT_OF_TYPE[t],)]
+        names = select_outputs(declared, requested, named)
+        kinds = (TYPE_OF_OUTPUT.get(n) or TYPE_OF_RAGGED_OUTPUT[n] for n in names)
+        return dataclasses.replace(options, embedding_types=tuple(dict.fromkeys(kinds)))
 
     def check(self, options: RequestOptions) -> None:
+        for kind in options.embedding_types:
+            if kind in OUTPUTS_OF_RAGGED_TYPE:
+                raise InputError(f"embedding type {kind!r} is not given by this model (a dense embedder; "
+                                 f"sparse and multivector need a BGE-M3 or SPLADE model)", "embedding_types")
         options.check_width(self.width)
 
     @staticmethod
@@ -149,6 +159,10 @@ class ScoreOutput:
 
 def output_for(engine):
     """The answer an engine's task calls for."""
+    if getattr(engine, "retrieval_kind", None):
+        from engine_lib.service.retrieval_outputs import RetrievalOutput
+
+        return RetrievalOutput(engine.retrieval_kind, engine.dense_dim)
     if engine.task == "score":
         return ScoreOutput(engine.score_activation)
     return EmbeddingOutput(engine.output_dim)

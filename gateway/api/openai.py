@@ -29,11 +29,13 @@ from engine_lib.options import (
     check_priority,
     default_priority,
 )
+from engine_lib.retrieval import MULTIVECTOR
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_wire import ROSE_ENCODER
 
 from ..batch import uploads
 from ..batch.store import BatchStore
+from ..engine.retrieval_calls import embed_retrieval, late_interaction_scores, offered_types
 from ..engine.tokenizing import GatewayTokenizer
 from ..errors import ApiError, bad_request, from_input_error, too_large
 from ..http.plumbing import Gateway, json_response
@@ -62,6 +64,9 @@ async def embeddings(gateway: Gateway, request: Request) -> Response:
 
 async def rerank(gateway: Gateway, request: Request) -> Response:
     body = gateway.read_json(request)
+    model = body.get("model")
+    if isinstance(model, str) and MULTIVECTOR in (offered_types_of(gateway, model) or ()):
+        return await _rerank_late_interaction(gateway, request, body, gateway.routes.embedders[model])
     gateway.require_ready(ROSE_ENCODER)  # which rerankers are served is known from ready replicas
     try:
         route = gateway.routes.reranker(requested_model(body))
@@ -75,6 +80,31 @@ async def rerank(gateway: Gateway, request: Request) -> Response:
                                     admission_tokens(req, route.pair_tokens), "documents")
     gateway.metrics.inputs.labels("rerank").inc(len(req.documents))
     return json_response(render_rerank(req, scores, route.name))
+
+
+def offered_types_of(gateway: Gateway, model: str) -> tuple[str, ...] | None:
+    route = gateway.routes.embedders.get(model)
+    return None if route is None else offered_types(route.tokenizer.model_dir)
+
+
+async def _rerank_late_interaction(gateway: Gateway, request: Request, body: dict, route) -> Response:
+    """/v1/rerank on a multi-vector embedder (BGE-M3): the query and documents embedded in one call,
+    scored here with MaxSim, or with `weights` [dense, sparse, multivector] as FlagEmbedding's compute_score."""
+    body = dict(body)
+    weights = body.pop("weights", None)
+    if weights is not None and (not isinstance(weights, list) or len(weights) != 3 or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights) or not sum(weights)):
+        raise bad_request(f"'weights' must be [dense, sparse, multivector]: 3 numbers >= 0, not all 0; got {weights!r}",
+                          "weights")
+    req = parse_rerank_request(body, route.tokenizer.config)
+    gateway.require_ready(route.encoder)
+    texts = [req.query, *req.documents]
+    encoded = route.tokenizer.encode_texts(texts, RequestOptions(truncate=True))
+    types = ["float", "sparse", "multivector"] if weights else ["multivector"]
+    outputs = await gateway.dispatch(request, embed_retrieval(gateway.backend, encoded, types, {}, route.encoder),
+                                     int(encoded.seq_lens.sum()), "documents")
+    gateway.metrics.inputs.labels("rerank").inc(len(req.documents))
+    return json_response(render_rerank(req, late_interaction_scores(outputs, weights), route.name))
 
 
 async def _encode(gateway: Gateway, req: EmbeddingRequest, tokenizer: GatewayTokenizer) -> RaggedTokens:

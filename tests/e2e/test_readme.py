@@ -61,3 +61,15 @@ def test_readme_batch_example_runs(server, capsys):
     code = re.findall(r"```python\n(.*?)```", _section("Batch jobs (OpenAI's Batch API, Ray Data)"), flags=re.S)[0]
     exec(compile(code.replace("http://127.0.0.1:8080", server.gateway_url), "README.md", "exec"), {})
     assert "completed 2 rows: ['doc-0', 'doc-1']" in capsys.readouterr().out
+
+
+def test_readme_sparse_and_multivector_example_runs(multi_server):
+    """The /v2/embed call of "Sparse and multi-vector outputs", verbatim, on multi_server's random-weight BGE-M3."""
+    import subprocess
+
+    (curl,) = re.findall(r"```bash\n(.*?)```", _section("Sparse and multi-vector outputs"), flags=re.S)
+    curl = curl.replace("http://127.0.0.1:8080", multi_server.gateway_url)
+    curl = curl.replace('"model": "bge-m3"', f'"model": "{multi_server.retrieval_name}"')
+    out = subprocess.run(["bash", "-c", curl], capture_output=True, check=True, text=True).stdout
+    # dense width 64; one vector per token after <s> (6 words + </s>); sparse: the positive weights
+    assert re.fullmatch(r"dense: 64 sparse: [1-9]\d* vectors: 7\n", out), out
