@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from ..errors import ApiError
+from ..sqlite_wal import connect_shared
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 RUNNABLE = ("validating", "in_progress", "finalizing", "cancelling")  # a runner takes these
@@ -67,9 +67,7 @@ class BatchStore:
             if left.stat().st_mtime < time.time() - STALE_UPLOAD_S:
                 left.unlink(missing_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.folder / "batches.sqlite3", isolation_level=None, check_same_thread=False,
-                                   timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect_shared(self.folder / "batches.sqlite3", timeout=10)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from ..engine.routing import Routes
 from ..errors import ApiError
 from ..metrics import GatewayMetrics
+from ..sqlite_wal import connect_shared
 from ..stages import RequestRecord, current
 from .keys import KeyEntry, KeysFile
 
@@ -57,8 +58,7 @@ class SharedCounters:
 
     def __init__(self, path: str):
         self.pid = os.getpid()
-        self.db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db = connect_shared(path, timeout=60)
         self.db.execute("PRAGMA synchronous=OFF")  # counts, not records: a power cut may lose the last ones
         with self._transaction():
             self.db.execute("CREATE TABLE IF NOT EXISTS used (key TEXT, window INTEGER, requests INTEGER, "
