@@ -65,8 +65,14 @@ class FileGate:
         return os.path.exists(self._files[point])
 
     def wait(self, point: str) -> None:
-        if not self.held(point):
-            return
-        entered_file(self.folder, point).touch()
-        while self.held(point):
-            time.sleep(self.POLL_S)
+        wait_at_gate(self._files[point], str(entered_file(self.folder, point)))
+
+
+def wait_at_gate(gate: str, entered: str) -> None:
+    """While the file `gate` exists: touch `entered` (the test sees the caller arrived) and wait
+    until the test removes `gate`, polling every FileGate.POLL_S."""
+    if not os.path.exists(gate):
+        return
+    Path(entered).touch()
+    while os.path.exists(gate):
+        time.sleep(FileGate.POLL_S)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -118,3 +119,14 @@ def unary_outputs(protocol, url: str, texts, outputs=(), parameters: dict | None
         return {n: result.as_numpy(n) for n in names}
     finally:
         client.close()
+
+
+def post_gateway(server, path: str, body: dict) -> tuple[int, dict]:
+    """One JSON POST to `server`'s gateway -> (status, JSON body), error statuses included."""
+    request = urllib.request.Request(f"{server.gateway_url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)

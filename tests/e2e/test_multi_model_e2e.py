@@ -8,7 +8,6 @@ test_rerank_e2e.py (its `qwen3` case)."""
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 from engine_lib.runner.self_check import MIN_COSINE
 from rose_client import EmbeddingClient
 from rose_wire import DEFAULT_EMBEDDER, EMBEDDER, served_models
-from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
+from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http, post_gateway
 from testing.metrics import sample, scrape
 from testing.tiny_models import cosine_rows
 
@@ -25,14 +24,6 @@ TEXTS = ["hello world", "the lazy dog jumps over the quick brown fox", "vectors"
 DEFAULT_NAME = "all-MiniLM-L6-v2"
 
 
-def post(server, path, body):
-    request = urllib.request.Request(f"{server.gateway_url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +40,9 @@ def test_each_embedder_matches_its_reference_on_every_path(multi_server, embedde
     server = multi_server
     name = DEFAULT_NAME if which == "default" else server.embedder_name
     models, reference, width = embedders[name]
-    status, body = post(server, "/v1/embeddings", {"model": name, "input": TEXTS})
+    status, body = post_gateway(server, "/v1/embeddings", {"model": name, "input": TEXTS})
     assert status == 200 and body["model"] == name, body
-    status, cohere = post(server, "/v2/embed", {"model": name, "texts": TEXTS, "embedding_types": ["float"]})
+    status, cohere = post_gateway(server, "/v2/embed", {"model": name, "texts": TEXTS, "embedding_types": ["float"]})
     assert status == 200, cohere
     paths = {
         "gateway /v2/embed": np.array(cohere["embeddings"]["float"], dtype=np.float32),
@@ -80,14 +71,14 @@ def test_models_lists_every_served_model(multi_server):
 
 def test_unknown_names_are_404_naming_the_served_ones(multi_server):
     server = multi_server
-    status, body = post(server, "/v1/embeddings", {"model": "text-embedding-3-small", "input": "x"})
+    status, body = post_gateway(server, "/v1/embeddings", {"model": "text-embedding-3-small", "input": "x"})
     assert status == 404 and body["error"]["param"] == "model", body
     assert f"served: {[DEFAULT_NAME, server.embedder_name, server.retrieval_name]}" in body["error"]["message"]
-    status, body = post(server, "/v1/embeddings", {"model": server.reranker_name, "input": "x"})
+    status, body = post_gateway(server, "/v1/embeddings", {"model": server.reranker_name, "input": "x"})
     assert status == 404 and "it is a reranker" in body["error"]["message"], body
-    status, body = post(server, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["d"]})
+    status, body = post_gateway(server, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["d"]})
     assert status == 404 and f"served: {[server.reranker_name]}" in body["error"]["message"], body
-    status, body = post(server, "/v1/rerank", {"model": server.embedder_name, "query": "q", "documents": ["d"]})
+    status, body = post_gateway(server, "/v1/rerank", {"model": server.embedder_name, "query": "q", "documents": ["d"]})
     assert status == 404 and "it is an embedder" in body["error"]["message"], body
 
 
@@ -97,7 +88,7 @@ def test_each_model_has_its_own_encoder_and_budget(multi_server, embedders):
     server = multi_server
     for name, (models, _, _) in embedders.items():
         embed_stream(server.grpc_url, TEXTS, model=models.ensemble)
-    assert post(server, "/v1/rerank", {"query": "q", "documents": ["d"]})[0] == 200
+    assert post_gateway(server, "/v1/rerank", {"query": "q", "documents": ["d"]})[0] == 200
     _, samples = scrape(server)
     encoders = {"rose_encoder": 8192, f"{server.embedder_name}_encoder": 4096,
                 f"{server.reranker_name}_encoder": 8192}

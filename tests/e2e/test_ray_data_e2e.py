@@ -3,9 +3,7 @@ replicas: a Parquet folder embedded into a Parquet folder, rows equal to direct 
 order kept; replica B killed while it holds chunks of the run: nothing lost, nothing doubled.
 The run is held between batches by a gate file this test controls, and B holds its chunks by
 its encoder's test-only hold (testing/hold.py): no timing decides what is in flight."""
-import os
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rose_triton.faults import wait_at_gate
 from rose_triton.server import TritonServer
 from testing import REPO
 from testing.embed_clients import embed_stream
@@ -52,10 +51,8 @@ def replica_b(tmp_path_factory):
 def gate(batch, path: str):
     """A Ray stage that holds every batch after the first while `path` exists (touching
     `path.entered`): the test decides when the run goes on."""
-    if int(np.min(batch["n"])) > 0 and os.path.exists(path):
-        Path(f"{path}.entered").touch()
-        while os.path.exists(path):
-            time.sleep(0.01)
+    if int(np.min(batch["n"])) > 0:
+        wait_at_gate(path, f"{path}.entered")
     return batch
 
 

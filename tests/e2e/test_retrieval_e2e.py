@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from engine_lib.service.retrieval_outputs import split_multivector, split_sparse
 from rose_wire import (DEFAULT_EMBEDDER, EMBEDDER, EMBEDDINGS, MULTIVECTOR, MULTIVECTOR_COUNTS, SPARSE_COUNTS,
                        SPARSE_INDICES, SPARSE_VALUES, TEXT, served_models)
+from testing.embed_clients import post_gateway as post
 from testing.tiny_models import cosine_rows
 from testing.tiny_retrieval import flag_m3
 
@@ -105,16 +106,6 @@ def test_a_dense_model_refuses_sparse_naming_the_type(multi_server):
         unary(grpcclient, multi_server.grpc_url, DEFAULT_EMBEDDER.front)
 
 
-def post(server, path, body):
-    from urllib.error import HTTPError
-
-    request = urllib.request.Request(f"{server.gateway_url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.load(response)
-    except HTTPError as exc:
-        return exc.code, json.load(exc)
 
 
 def test_gateway_v2_embed_gives_all_three_in_one_call_and_embed_sparse_as_tei(multi_server):
