@@ -1,16 +1,15 @@
-"""The `tokenizer` model's requests, tokenized in groups by one thread (the model is decoupled).
+"""A tokenizer model's requests, tokenized in groups by one thread (the model is decoupled).
 
-Triton hands a Python model with `max_batch_size: 0` one request per `execute`, and its
-dynamic batcher cannot merge them (docs/benchmarks.md, "Where the ensemble's time goes").
-So `execute` only queues each request here and returns; one thread takes every request
-waiting and runs them through the step's `many` (the texts of all of them in one
-`encode_batch`), then answers each. Requests that arrive while it works go together in
-the next group: under load the encoder receives requests in bursts and its steps grow,
-instead of one launch for every two or three requests.
+Triton hands a Python model with `max_batch_size: 0` one request per `execute`
+(docs/benchmarks.md, "Where the ensemble's time goes"). So `execute` only queues each request
+here and returns; one thread takes every request waiting and runs them through the step's
+`many` (a text step tokenizes all their texts in one `encode_batch`), then answers each.
+Requests that arrive while it works go together in the next group: under load the encoder
+receives them in bursts and its steps grow, instead of one launch for every two or three.
 
-At most `max_queued_requests` wait (the bound Triton's queue policy used to give); past it
-`submit` raises OverloadError at once. Every submitted request gets exactly one answer:
-its tensors, its own InputError, or the error of a group that failed.
+At most `max_waiting_requests` wait; past that `submit` raises OverloadError at once. Every
+submitted request gets exactly one answer: its tensors, its own InputError, or the error of a
+group that failed.
 """
 from __future__ import annotations
 
@@ -23,16 +22,15 @@ from engine_lib.errors import OverloadError
 
 log = logging.getLogger(__name__)
 
-# (tensors, parameters) of one request -> its output tensors, or the exception that answers it
+# [(tensors, parameters)] of several requests -> per request its output tensors or the exception that answers it
 Many = Callable[[Sequence[tuple[Any, Any]]], list]
-Answer = Callable[[Any, Any], None]  # (the request's reply handle, tensors or exception)
+Answer = Callable[[Any, Any], None]  # (the request's reply handle, its tensors or exception)
 
 
 class TokenizeLane:
-    def __init__(self, many: Many, answer: Answer, max_queued_requests: int = 128, max_group: int = 256):
+    def __init__(self, many: Many, answer: Answer, max_waiting_requests: int = 128, max_group: int = 256):
         self.many, self.answer = many, answer
-        self.max_queued_requests, self.max_group = max_queued_requests, max_group
-        self.groups = 0  # groups tokenized (tests and metrics read it)
+        self.max_waiting_requests, self.max_group = max_waiting_requests, max_group
         self._waiting: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -44,9 +42,9 @@ class TokenizeLane:
         with self._cond:
             if self._closing:
                 raise OverloadError("the tokenizer is shutting down; retry on another replica")
-            if len(self._waiting) >= self.max_queued_requests:
+            if len(self._waiting) >= self.max_waiting_requests:
                 raise OverloadError(f"tokenizer queue is full ({len(self._waiting)} requests waiting, limit "
-                                    f"max_queued_requests={self.max_queued_requests}); retry later")
+                                    f"max_waiting_requests={self.max_waiting_requests}); retry later")
             self._waiting.append((tensors, parameters, reply))
             self._cond.notify()
 
@@ -73,7 +71,6 @@ class TokenizeLane:
             except Exception as exc:  # a fault, not an input error (those are results): the group fails
                 log.exception("tokenizing a group of %d requests failed", len(group))
                 results = [RuntimeError(f"tokenizing failed: {exc!r}")] * len(group)
-            self.groups += 1
             for (_, _, reply), result in zip(group, results):
                 try:
                     self.answer(reply, result)

@@ -57,12 +57,12 @@ def test_requests_that_wait_go_together_and_each_gets_its_own_answer():
 
 def test_a_full_queue_refuses_at_once_and_takes_work_again_once_drained():
     step, answers = Step(), Answers(4)
-    lane = TokenizeLane(step.many, answers, max_queued_requests=2)
+    lane = TokenizeLane(step.many, answers, max_waiting_requests=2)
     lane.submit("first", None, "r0")
     assert step.entered.wait(30)
     lane.submit("a", None, "r1")
     lane.submit("b", None, "r2")
-    with pytest.raises(OverloadError, match="max_queued_requests=2"):
+    with pytest.raises(OverloadError, match="max_waiting_requests=2"):
         lane.submit("c", None, "refused")
     step.gate.set()
     assert answers.wait(3)
