@@ -18,6 +18,7 @@ from rose_triton.server import TritonServer
 
 from .. import REPO
 from ..machine import describe
+from ..overhead import variants_for
 from ..texts import TextMaker
 
 LAUNCHER = REPO / "perf" / ".peers" / "perf-analyzer" / "perf_analyzer"
@@ -64,7 +65,9 @@ def sweep(servers: dict[str, str], concurrency: list[int], sizes: list[int], seq
           request_count: int = 50, timeout: float = 600, stability: float = 20, max_trials: int = 10,
           admin_key: str | None = None) -> dict:
     """`servers`: name -> gRPC url; with several, each cell runs on each in turn (same run, drift hits
-    all alike). `stability`: perf_analyzer's allowed % spread between windows (a shared machine needs slack)."""
+    all alike). A window holds at least `request_count` and 4 x concurrency requests. `stability`:
+    perf_analyzer's allowed % spread between its 3 windows (on a shared machine the profile demands
+    none: a figure is the mean of 3 windows, and servers alternate cell by cell)."""
     launcher = ensure_installed()
     results = {"profile": "perf_analyzer", "grpc_url": next(iter(servers.values())), "servers": list(servers),
                "seq_len": seq_len, "machine": describe(), "rows": []}
@@ -75,10 +78,16 @@ def sweep(servers: dict[str, str], concurrency: list[int], sizes: list[int], seq
                 print(f"[perf_analyzer] {model}: {size} texts/request, concurrency {concurrency}", file=sys.stderr)
                 for c in concurrency:
                     for name, url in servers.items():
-                        row = run_one(launcher, url, model, data, c, request_count, timeout, stability, max_trials,
-                                      admin_key)
-                        results["rows"].append({"server": name, "model": model, "texts_per_request": size, **row,
-                                                "embeddings_per_s": row["infer_per_s"] * size})
+                        cell = {"server": name, "model": model, "texts_per_request": size, "concurrency": c}
+                        try:
+                            row = run_one(launcher, url, model, data, c, max(request_count, 4 * c), timeout,
+                                          stability, max_trials, admin_key)
+                        except RuntimeError as exc:  # the cell failed (e.g. a queue refused): say so, go on
+                            said = [line for line in str(exc).splitlines() if line.strip()]
+                            reason = next((line for line in reversed(said) if "error" in line), said[-1])
+                            results["rows"].append({**cell, "failed": reason.strip()[:200]})
+                            continue
+                        results["rows"].append({**cell, **row, "embeddings_per_s": row["infer_per_s"] * size})
     return results
 
 
@@ -91,15 +100,16 @@ def markdown(results: dict) -> str:
              "| server | entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
-        lines.append(f"| {r.get('server', 'current')} | {r['model']} | {r['texts_per_request']} | {r['concurrency']} "
-                     f"| {r['embeddings_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} |")
+        cell = f"| {r.get('server', 'current')} | {r['model']} | {r['texts_per_request']} | {r['concurrency']} "
+        if "failed" in r:
+            lines.append(cell + f"| failed: {r['failed']} | | | |")
+            continue
+        lines.append(cell + f"| {r['embeddings_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def measure(args, out_json, machine: dict) -> dict:
     """This checkout's server (or --grpc-url), and with --compare one server per git ref, the same sweep on each."""
-    from ..overhead import variants_for
-
     admin_key = args.admin_key or os.environ.get("ROSE_ADMIN_KEY")
     compare = args.compare.split(",") if args.compare else []
     servers, started = ({"current": args.grpc_url} if args.grpc_url else {}), []
@@ -114,7 +124,7 @@ def measure(args, out_json, machine: dict) -> dict:
     clients = [int(c) for c in args.clients.split(",")] if args.clients else [1, 4, 16, 64, 128]
     try:
         results = sweep(servers, clients, [1, 8], 128, args.cells.split(",") if args.cells else list(ENTRIES),
-                        max(4, int(50 * args.scale)), admin_key=admin_key)
+                        max(4, int(50 * args.scale)), stability=1000, admin_key=admin_key)
         results["served_model"] = args.model_dir or "the embedded all-MiniLM-L6-v2"
         return results
     finally:
