@@ -57,7 +57,8 @@ def main(argv=None) -> None:
     run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
     run.add_argument("--out", help="output folder (default: perf/results/<machine>)")
     run.add_argument("--compare", help="overhead: also serve these git refs (comma list), same run; the ref "
-                                       "`traces`: this tree with traces on, every request sampled")
+                                       "`traces`: this tree with traces on, every request sampled; perf_analyzer: the same sweep "
+                                       "on a server of each ref, cell by cell")
     run.add_argument("--clients", help="overhead: concurrent clients of the load cells (default 1,8); "
                                       "perf_analyzer: its concurrency values (default 1,4,16,64,128)")
     run.add_argument("--server-env", action="append", metavar="KEY=VALUE",

@@ -49,11 +49,31 @@ class TextStep:
         self.tokenizer = TextTokenizer(config.model_dir, config)
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
+        result = self.many([(tensors, parameters)])[0]
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    def many(self, requests) -> list:
+        """Several requests' (tensors, parameters) -> per request its tensors or its InputError; the
+        texts of those without chunking go through one `encode_batch`."""
         faults.wait(faults.TOKENIZE)  # test-only hold (engine_lib/faults.py); off: returns at once
-        options = RequestOptions.from_parameters(parameters)
-        texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
-        encode = self.tokenizer.encode_windows if options.chunking == "mean" else self.tokenizer.encode
-        return wire_tensors(encode(texts, options), TEXT_WINDOWS)
+        results: list = [None] * len(requests)
+        plain = []
+        for i, (tensors, parameters) in enumerate(requests):
+            try:
+                options = RequestOptions.from_parameters(parameters)
+                texts = self.tokenizer.decode_texts(_required(tensors, TEXT))
+                if options.chunking == "mean":
+                    results[i] = wire_tensors(self.tokenizer.encode_windows(texts, options), TEXT_WINDOWS)
+                else:
+                    plain.append((i, texts, options))
+            except InputError as exc:
+                results[i] = exc
+        encoded = self.tokenizer.encode_many([(texts, options) for _, texts, options in plain]) if plain else []
+        for (i, _, _), tokens in zip(plain, encoded):
+            results[i] = tokens if isinstance(tokens, InputError) else wire_tensors(tokens, TEXT_WINDOWS)
+        return results
 
 
 class PairStep:
@@ -68,6 +88,15 @@ class PairStep:
         options = RerankOptions.from_parameters(parameters)
         query, documents = self.tokenizer.decode(_required(tensors, QUERY), _required(tensors, DOCUMENTS))
         return wire_tensors(self.tokenizer.encode(query, documents, options), TOKEN_TYPE_IDS)
+
+    def many(self, requests) -> list:
+        results = []
+        for tensors, parameters in requests:
+            try:
+                results.append(self(tensors, parameters))
+            except InputError as exc:
+                results.append(exc)
+        return results
 
 
 def step_for_inputs(names: Sequence[str]) -> type[TextStep] | type[PairStep]:

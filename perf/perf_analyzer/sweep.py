@@ -18,6 +18,7 @@ from rose_triton.server import TritonServer
 
 from .. import REPO
 from ..machine import describe
+from ..overhead import variants_for
 from ..texts import TextMaker
 
 LAUNCHER = REPO / "perf" / ".peers" / "perf-analyzer" / "perf_analyzer"
@@ -60,22 +61,33 @@ def run_one(launcher: Path, grpc_url: str, model: str, data: Path, concurrency: 
             "p99_ms": float(row["p99 latency"]) / 1e3}
 
 
-def sweep(grpc_url: str, concurrency: list[int], sizes: list[int], seq_len: int, entries: list[str],
+def sweep(servers: dict[str, str], concurrency: list[int], sizes: list[int], seq_len: int, entries: list[str],
           request_count: int = 50, timeout: float = 600, stability: float = 20, max_trials: int = 10,
           admin_key: str | None = None) -> dict:
-    """`stability`: perf_analyzer's allowed % spread between windows (a shared machine needs slack)."""
+    """`servers`: name -> gRPC url; with several, each cell runs on each in turn (same run, drift hits
+    all alike). A window holds at least `request_count` and 4 x concurrency requests. `stability`:
+    perf_analyzer's allowed % spread between its 3 windows (on a shared machine the profile demands
+    none: a figure is the mean of 3 windows, and servers alternate cell by cell)."""
     launcher = ensure_installed()
-    results = {"profile": "perf_analyzer", "grpc_url": grpc_url, "seq_len": seq_len, "machine": describe(), "rows": []}
+    results = {"profile": "perf_analyzer", "grpc_url": next(iter(servers.values())), "servers": list(servers),
+               "seq_len": seq_len, "machine": describe(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             data = input_data(Path(tmp) / f"data-{size}.json", size, seq_len)
             for model in entries:
                 print(f"[perf_analyzer] {model}: {size} texts/request, concurrency {concurrency}", file=sys.stderr)
                 for c in concurrency:
-                    row = run_one(launcher, grpc_url, model, data, c, request_count, timeout, stability, max_trials,
-                                 admin_key)
-                    results["rows"].append({"model": model, "texts_per_request": size, **row,
-                                            "embeddings_per_s": row["infer_per_s"] * size})
+                    for name, url in servers.items():
+                        cell = {"server": name, "model": model, "texts_per_request": size, "concurrency": c}
+                        try:
+                            row = run_one(launcher, url, model, data, c, max(request_count, 4 * c), timeout,
+                                          stability, max_trials, admin_key)
+                        except RuntimeError as exc:  # the cell failed (e.g. a queue refused): say so, go on
+                            said = [line for line in str(exc).splitlines() if line.strip()]
+                            reason = next((line for line in reversed(said) if "error" in line), said[-1])
+                            results["rows"].append({**cell, "failed": reason.strip()[:200]})
+                            continue
+                        results["rows"].append({**cell, **row, "embeddings_per_s": row["infer_per_s"] * size})
     return results
 
 
@@ -85,29 +97,38 @@ def markdown(results: dict) -> str:
              f"{m.get('date', '')}, {m.get('cpu', '')} ({m.get('cores', '?')} cores), GPU {m.get('gpu')}, "
              f"commit `{m.get('git_commit', '')}`; perf_analyzer 2.60.0 (PyPI), gRPC; `ensemble` with "
              f"--streaming, `embed` unary; model: {results.get('served_model', 'not recorded')}.", "",
-             "| entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| server | entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
-        lines.append(f"| {r['model']} | {r['texts_per_request']} | {r['concurrency']} | {r['embeddings_per_s']:.1f} "
-                     f"| {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} |")
+        cell = f"| {r.get('server', 'current')} | {r['model']} | {r['texts_per_request']} | {r['concurrency']} "
+        if "failed" in r:
+            lines.append(cell + f"| failed: {r['failed']} | | | |")
+            continue
+        lines.append(cell + f"| {r['embeddings_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def measure(args, out_json, machine: dict) -> dict:
-    server, admin_key = None, args.admin_key or os.environ.get("ROSE_ADMIN_KEY")
-    if not args.grpc_url:
-        admin_key = secrets.token_hex(16)
-        server = TritonServer(Path(tempfile.mkdtemp(prefix="pa-triton-")) / "server.log", ready_timeout=600,
-                              admin_key=admin_key, env={"ROSE_MODEL_DIR": args.model_dir} if args.model_dir else {})
+    """This checkout's server (or --grpc-url), and with --compare one server per git ref, the same sweep on each."""
+    admin_key = args.admin_key or os.environ.get("ROSE_ADMIN_KEY")
+    compare = args.compare.split(",") if args.compare else []
+    servers, started = ({"current": args.grpc_url} if args.grpc_url else {}), []
+    if not args.grpc_url or compare:
+        admin_key = admin_key if args.grpc_url else secrets.token_hex(16)
+        work = Path(tempfile.mkdtemp(prefix="pa-triton-"))
+        for variant in variants_for(compare, work)[1 if args.grpc_url else 0:]:
+            started.append(TritonServer(work / f"{variant.name}.log", ready_timeout=600, admin_key=admin_key,
+                                        env={"ROSE_MODEL_DIR": args.model_dir} if args.model_dir else {},
+                                        root=variant.root))
+            servers[variant.name] = started[-1].grpc_url
     clients = [int(c) for c in args.clients.split(",")] if args.clients else [1, 4, 16, 64, 128]
     try:
-        results = sweep(args.grpc_url or server.grpc_url, clients, [1, 8], 128,
-                        args.cells.split(",") if args.cells else list(ENTRIES), max(4, int(50 * args.scale)),
-                        admin_key=admin_key)
+        results = sweep(servers, clients, [1, 8], 128, args.cells.split(",") if args.cells else list(ENTRIES),
+                        max(4, int(50 * args.scale)), stability=1000, admin_key=admin_key)
         results["served_model"] = args.model_dir or "the embedded all-MiniLM-L6-v2"
         return results
     finally:
-        if server is not None:
+        for server in started:
             server.stop()
 
 
@@ -132,7 +153,7 @@ def main(argv=None) -> None:
                               admin_key=args.admin_key)
         args.grpc_url = server.grpc_url
     try:
-        results = sweep(args.grpc_url, [int(c) for c in args.concurrency.split(",")],
+        results = sweep({"current": args.grpc_url}, [int(c) for c in args.concurrency.split(",")],
                         [int(s) for s in args.sizes.split(",")], args.seq_len, args.entries.split(","),
                         args.request_count, stability=args.stability, admin_key=args.admin_key)
     finally:

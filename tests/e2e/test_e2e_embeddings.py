@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from engine_lib.runner.self_check import MIN_COSINE
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
@@ -106,3 +107,28 @@ def test_unary_front_equals_the_ensemble_stream_with_options(server, params):
     assert not np.allclose(np.linalg.norm(streamed, axis=1), 1.0)
     for way in ("grpc_unary_embed", "http_unary_embed"):
         np.testing.assert_allclose(WAYS[way](server, texts, params), streamed, atol=1e-6, err_msg=way)
+
+
+def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, reference):
+    """While the tokenizer is held on one request, others wait in its lane and are then tokenized
+    as one group (engine_lib/tokenization/lane.py): each gets its own rows, with its own options,
+    and a bad one its own error."""
+    texts = [VARIED_TEXTS[1 + 3 * i: 4 + 3 * i] for i in range(6)]
+    params = [{"dimensions": 64} if i == 2 else None for i in range(6)]
+    with ThreadPoolExecutor(8) as pool:
+        with server.tokenizer_hold:
+            first = pool.submit(embed_stream, server.grpc_url, [VARIED_TEXTS[0]])
+            server.tokenizer_hold.wait_entered()
+            waiting = [pool.submit(embed_stream, server.grpc_url, t, p) for t, p in zip(texts, params)]
+            too_long = pool.submit(embed_stream, server.grpc_url, ["word " * 2000], {"truncate": False})
+        assert cosines(first.result(), reference[VARIED_TEXTS[0]][None]).min() >= MIN_COSINE
+        for request_texts, request_params, future in zip(texts, params, waiting):
+            rows = future.result()
+            refs = np.stack([reference[t] for t in request_texts])
+            if request_params:
+                assert rows.shape == (3, 64)
+                refs = refs[:, :64]
+                refs = refs / np.linalg.norm(refs, axis=1, keepdims=True)
+            assert cosines(rows, refs).min() >= MIN_COSINE, request_texts[0][:30]
+        with pytest.raises(InferenceServerException, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum"):
+            too_long.result()

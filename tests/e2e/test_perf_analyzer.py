@@ -3,9 +3,9 @@ from perf.perf_analyzer.sweep import markdown, sweep
 
 
 def test_short_perf_analyzer_sweep(server):
-    results = sweep(server.grpc_url, concurrency=[2], sizes=[2], seq_len=32, entries=["ensemble", "embed"],
+    results = sweep({"shared": server.grpc_url}, concurrency=[2], sizes=[2], seq_len=32, entries=["ensemble", "embed"],
                     request_count=4, timeout=120, stability=1000, max_trials=3,
                     admin_key=server.admin_key)  # no stability demand: CI checks it works
     assert {r["model"] for r in results["rows"]} == {"ensemble", "embed"}
     assert all(r["embeddings_per_s"] > 0 and r["p50_ms"] > 0 for r in results["rows"])
-    assert "| ensemble | 2 | 2 |" in markdown(results)
+    assert "| shared | ensemble | 2 | 2 |" in markdown(results)

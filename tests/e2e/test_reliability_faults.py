@@ -26,6 +26,7 @@ from engine_lib.options import RequestOptions
 from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.tokenization.text import TextTokenizer
 from rose_triton.server import REPO, TritonServer
+from rose_wire import UNAVAILABLE, decode
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
 from testing.gateway_process import GatewayProcess
 from testing.hold import EncoderHold, TokenizerHold, wait_for_metric
@@ -38,7 +39,7 @@ ADMIN_KEY = "test-admin-key-0123456789"
 LIMITS = {  # (model, parameter or queue size) -> value
     ("rose_encoder", "max_queued_tokens"): ("1048576", "6000"),
     ("rose_encoder", "max_queued_requests"): ("2048", "6"),
-    ("tokenizer", "max_queue_size"): ("128", "2"),
+    ("tokenizer", "max_waiting_requests"): ("128", "2"),
     ("embed", "max_queue_size"): ("128", "2"),
     # Tokenizer settings the unary front must take from the tokenizer's config.pbtxt too.
     ("tokenizer", "max_texts_per_request"): ("4096", "16"),
@@ -131,14 +132,15 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
                     why="(rose_refused_total never counted the refusals)")
 
 
-TOKENIZER_HOLDS = 1 + 2  # the tokenizer's one instance + its queue of 2 (LIMITS)
+TOKENIZER_HOLDS = 1 + 2  # the tokenizer lane's request in hand + its 2 waiting (LIMITS)
 EMBED_HOLDS = 4 + 2  # the embed front's four instances (each tokenizes, so each is held) + its queue of 2
 
 
-def held_flood(hold, way, url, texts, count, can_hold):
+def held_flood(hold, way, url, texts, count, can_hold, one_first=False):
     """`count` concurrent calls while the tokenizer is held, where at most `can_hold` calls can wait:
     -> (the first count - can_hold outcomes, all answered while held; the rest, after the release).
-    An outcome is None (answered) or the client's error."""
+    An outcome is None (answered) or the client's error. `one_first`: one call reaches the hold
+    before the others start (the tokenizer lane takes every request waiting at once as one group)."""
     outcomes: queue.Queue = queue.Queue()
 
     def one():
@@ -149,7 +151,10 @@ def held_flood(hold, way, url, texts, count, can_hold):
             outcomes.put(exc)
 
     with hold:
-        for _ in range(count):
+        if one_first:
+            threading.Thread(target=one, daemon=True).start()
+            hold.wait_entered()
+        for _ in range(count - one_first):
             threading.Thread(target=one, daemon=True).start()
         while_held = [outcomes.get(timeout=60) for _ in range(count - can_hold)]
     return while_held, [outcomes.get(timeout=120) for _ in range(can_hold)]
@@ -157,8 +162,9 @@ def held_flood(hold, way, url, texts, count, can_hold):
 
 def test_tokenizer_queue_is_bounded(limited):
     refused, released = held_flood(limited.tokenizer_hold, embed_stream, limited.grpc_url, ["held"], 8,
-                                   TOKENIZER_HOLDS)
-    assert all(e is not None and "Exceeds maximum queue size" in str(e) for e in refused), refused
+                                   TOKENIZER_HOLDS, one_first=True)
+    assert all(e is not None and "overloaded: tokenizer queue is full" in str(e) for e in refused), refused
+    assert all(decode(e.message()).code == UNAVAILABLE for e in refused), refused  # a stream's error has no status
     assert released == [None] * TOKENIZER_HOLDS  # the watchdog is paused: no probe takes a place
 
 
@@ -174,10 +180,10 @@ def test_unary_front_queue_is_bounded_and_reads_unavailable(limited, way, status
 
 def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
     refused, released = held_flood(limited.tokenizer_hold, embed_generate, limited.http_url, MEDIUM_TEXTS, 8,
-                                   TOKENIZER_HOLDS)
+                                   TOKENIZER_HOLDS, one_first=True)
     for error in refused:
         assert error is not None and error.code == 400, error  # Triton 2.51's generate answers every error with 400
-        assert "Exceeds maximum queue size" in error.read().decode()
+        assert "overloaded: tokenizer queue is full" in error.read().decode()
     assert released == [None] * TOKENIZER_HOLDS, [e if e is None else e.read().decode() for e in released]
 
 

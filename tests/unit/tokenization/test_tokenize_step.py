@@ -73,6 +73,28 @@ def test_missing_input_is_named(text_step):
     assert refused.value.field == "TEXT"
 
 
+def test_many_requests_in_one_call_give_what_each_gives_alone(text_step):
+    """`many` (the tokenizer lane's group) answers each request as a call of its own would:
+    its ids with its options, chunked windows, or its own InputError."""
+    requests = [({"TEXT": as_bytes(TEXTS)}, json.dumps({"input_type": "query"})),
+                ({"TEXT": as_bytes([""])}, None),
+                ({"TEXT": as_bytes(["word " * 400])}, json.dumps({"chunking": "mean"})),
+                ({"TEXT": as_bytes(TEXTS[::-1])}, None),
+                ({"TEXT": as_bytes(["word " * 400])}, json.dumps({"truncate": False}))]
+    grouped = text_step.many(requests)
+    assert len(grouped) == len(requests)
+    for (tensors, params), result in zip(requests, grouped):
+        try:
+            alone = text_step(tensors, params)
+        except InputError as exc:
+            assert isinstance(result, InputError) and str(result) == str(exc)
+            continue
+        assert set(result) == set(alone)
+        for name in alone:
+            np.testing.assert_array_equal(result[name], alone[name], err_msg=name)
+    assert grouped[2]["TEXT_WINDOWS"].tolist()[0] > 1  # the chunked one was windowed
+
+
 @pytest.fixture(scope="module")
 def reranker_folders(tmp_path_factory):
     out = {}
