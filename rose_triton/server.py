@@ -73,12 +73,20 @@ class TritonServer:
                 tail = self.log_tail()
                 self.kill()  # what the launcher's tree left behind
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{tail}")
-            if self.is_ready():
+            if self.is_ready() and self._bound_its_port():
                 return
             time.sleep(0.5)
         tail = self.log_tail()
         self.kill()  # never ready: nothing to drain
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{tail}")
+
+    def _bound_its_port(self) -> bool:
+        """Triton logged that it listens on this server's HTTP port: the ready answer was its own,
+        not another process's that took the port after `free_port` let it go."""
+        self._log.flush()
+        said = f':{self.http_port}"'.encode()
+        return any(b"Started HTTPService at " in line and line.endswith(said)
+                   for line in self.log_path.read_bytes().splitlines())
 
     def log_tail(self, num_bytes: int = 6000) -> str:
         self._log.flush()
