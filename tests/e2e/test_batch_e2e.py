@@ -1,8 +1,10 @@
 """The Batch API against the session's real tritonserver, through the official `openai` SDK: the
 whole flow (files.create, batches.create, batches.retrieve, files.content), rows equal to direct
 calls and to sentence-transformers, lines at the `batch` class, keys that see only their own;
-a gateway killed mid-job and restarted completes the job with every custom_id once; a cancel
-mid-job leaves a partial output; bad lines of every kind are error lines beside good rows.
+a gateway killed mid-job and restarted completes the job with every custom_id once, as does
+the second of two gateways sharing one data folder when the first, running the job, is killed;
+a cancel mid-job leaves a partial output; bad lines of every kind are error lines beside good
+rows; outputs are deleted once the app's clock passes `output_expires_after`.
 The job is held between lines by the runner's test-only gate (testing/hold.py), never by time."""
 import asyncio
 import json
