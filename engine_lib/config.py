@@ -117,6 +117,8 @@ class EncoderConfig:
     max_queued_requests: int = 2048
     # Batch-class work passed over (interactive work filled the batches) longer than this leaves first.
     batch_promote_ms: int = 1000
+    # Batch-class tokens one step carries at most (auto: 256 on a CPU, else max_batch_tokens; scheduler.py).
+    max_batch_class_tokens: int = AUTO
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
@@ -137,13 +139,14 @@ class EncoderConfig:
     cache_dir: str = ""
 
     # max_batch_tokens=auto: measured at start-up (batch_budget.py)
-    AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs")
+    AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs", "max_batch_class_tokens")
 
     def __post_init__(self):
         if self.task not in ("embed", "score"):
             raise ValueError(f"task must be embed or score, got {self.task!r}")
         for name in ("max_batch_tokens", "max_batch_sequences", "max_inflight_batches",
-                     "max_queued_tokens", "max_queued_requests", "max_graphs", "batch_promote_ms"):
+                     "max_queued_tokens", "max_queued_requests", "max_graphs", "batch_promote_ms",
+                     "max_batch_class_tokens"):
             value = getattr(self, name)
             if value < 1 and not (name in self.AUTO_FIELDS and value == AUTO):
                 raise ValueError(f"{name} must be >= 1{' (or auto)' if name in self.AUTO_FIELDS else ''}, got {value}")

@@ -6,6 +6,7 @@ import uvicorn
 from .app import create_app
 from .config import parse_args
 from .http.connections import raise_fd_limit
+from .http.keys import read_keys_file
 from .http.protocol import limited_protocol
 
 
@@ -13,6 +14,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[gateway] %(asctime)s %(levelname)s %(message)s")
     try:
         config = parse_args()
+        if config.keys_file:
+            read_keys_file(config.keys_file)  # missing or broken: one line, before any worker starts
     except ValueError as exc:
         raise SystemExit(f"gateway: {exc}") from None
     if config.workers > 1:

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import time
 from functools import partial
+from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -25,9 +27,10 @@ from .http.plumbing import Gateway, endpoint, http_error, internal_error
 log = logging.getLogger("gateway")
 
 
-def create_app(config: GatewayConfig) -> Starlette:
+def create_app(config: GatewayConfig, clock: Callable[[], float] = time.time) -> Starlette:
+    """`clock`: the Batch API's (its timestamps and expiry; tests move it)."""
     gateway = Gateway(config)
-    batches = batch_store(config)
+    batches = batch_store(config, clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -70,13 +73,14 @@ def create_app(config: GatewayConfig) -> Starlette:
     return app
 
 
-def batch_store(config: GatewayConfig) -> BatchStore | None:
+def batch_store(config: GatewayConfig, clock: Callable[[], float] = time.time) -> BatchStore | None:
     """The Batch API's store under --data-dir (None: off)."""
     if not config.data_dir:
         return None
     try:
-        return BatchStore(config.data_dir, Limits(config.batch_max_file_lines, config.batch_max_file_bytes,
-                                                      config.batch_max_files_per_key, config.batch_max_active_per_key))
+        limits = Limits(config.batch_max_file_lines, config.batch_max_file_bytes, config.batch_max_files_per_key,
+                        config.batch_max_active_per_key)
+        return BatchStore(config.data_dir, limits, clock)
     except (OSError, sqlite3.Error) as exc:
         raise SystemExit(f"gateway: --data-dir {config.data_dir} (ROSE_GATEWAY_DATA_DIR) cannot hold the Batch API's "
                          f"files and jobs: {exc}; set it to a writable folder, or empty to turn the API off") from None

@@ -125,8 +125,11 @@ def read_api_keys(path: str | None, environ=os.environ) -> frozenset[str]:
     """Keys from a file (one per line, # comments) and ROSE_GATEWAY_API_KEYS (comma-separated)."""
     keys = [k for k in environ.get("ROSE_GATEWAY_API_KEYS", "").split(",")]
     if path:
-        with open(path) as f:
-            keys += [line.split("#", 1)[0] for line in f]
+        try:
+            with open(path) as f:
+                keys += [line.split("#", 1)[0] for line in f]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     return frozenset(k.strip() for k in keys if k.strip())
 
 

@@ -12,10 +12,15 @@ formed without any of the queued batch work for longer than `batch_promote_s`
 next batch, so batch work never starves: at least one of its sequences leaves
 per `batch_promote_s`, and whenever interactive work leaves room, batch work
 fills it (then nothing is promoted, however long batch requests have queued).
+Batch-class budget: a batch carries at most `max_batch_class_tokens` tokens of batch-class work
+(default: the whole budget). On a CPU a step's time grows with every token, and a step, once
+formed, is never pre-empted: a smaller batch-class budget keeps the steps an interactive request
+waits behind (and its own step's backfill) short, at no cost to bulk throughput past saturation.
 Invariants: a sequence is never split; a sequence longer than the budget leaves
 alone; otherwise a batch never exceeds the budget or the cap; within a class,
 sequences leave in arrival order; the first of the order always leaves in the
-next batch. With one class in the queue this is plain FCFS.
+next batch; a batch's batch-class tokens stay within `max_batch_class_tokens` but for a
+batch-class sequence longer than it, which leaves alone. With one class in the queue this is plain FCFS.
 """
 from __future__ import annotations
 
@@ -25,6 +30,17 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable
 
 from engine_lib.options import BATCH, INTERACTIVE, PRIORITIES  # noqa: F401 (PRIORITIES: re-exported)
+
+
+CPU_BATCH_CLASS_TOKENS = 256  # max_batch_class_tokens=auto on a CPU (past 64-128 tokens a step buys no throughput there)
+
+
+def batch_class_budget(setting: int, max_batch_tokens: int, on_cpu: bool) -> int:
+    """max_batch_class_tokens: `setting` (auto < 1: CPU_BATCH_CLASS_TOKENS on a CPU, else the whole
+    budget), never above `max_batch_tokens`."""
+    if setting < 1:
+        setting = CPU_BATCH_CLASS_TOKENS if on_cpu else max_batch_tokens
+    return min(setting, max_batch_tokens)
 
 
 @dataclass(frozen=True)
@@ -38,13 +54,16 @@ class ScheduledSequence:
 
 class PriorityBatcher:
     def __init__(self, max_batch_tokens: int, max_batch_sequences: int, batch_promote_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
-        if max_batch_tokens < 1 or max_batch_sequences < 1:
-            raise ValueError("max_batch_tokens and max_batch_sequences must be >= 1")
+                 clock: Callable[[], float] = time.monotonic, max_batch_class_tokens: int | None = None):
+        if max_batch_class_tokens is None:
+            max_batch_class_tokens = max_batch_tokens
+        if max_batch_tokens < 1 or max_batch_sequences < 1 or max_batch_class_tokens < 1:
+            raise ValueError("max_batch_tokens, max_batch_sequences and max_batch_class_tokens must be >= 1")
         if not batch_promote_s > 0:
             raise ValueError(f"batch_promote_s must be > 0, got {batch_promote_s}")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sequences = max_batch_sequences
+        self.max_batch_class_tokens = min(max_batch_class_tokens, max_batch_tokens)
         self.batch_promote_s = batch_promote_s
         self._clock = clock
         self._queues: dict[str, deque[ScheduledSequence]] = {p: deque() for p in PRIORITIES}
@@ -74,20 +93,25 @@ class PriorityBatcher:
         self.queued_tokens += start
 
     def next_batch(self) -> list[ScheduledSequence]:
-        """Pop the longest prefix of the order (promoted batch head, interactive, batch) that fits."""
+        """Pop the longest prefix of the order (promoted batch head, interactive, batch) that fits the
+        budget, the sequence cap and the batch-class budget."""
         interactive, batch_queue = self._queues[INTERACTIVE], self._queues[BATCH]
         now = self._clock()
         promote = (interactive and batch_queue and self._passed_over_since is not None
                    and now - self._passed_over_since > self.batch_promote_s)
         batch = [batch_queue.popleft()] if promote else []
-        batch_tokens = batch[0].num_tokens if promote else 0
+        batch_tokens = batch_class_tokens = batch[0].num_tokens if promote else 0
         for queue in (interactive, batch_queue):
             while queue and len(batch) < self.max_batch_sequences:
                 head = queue[0]
-                if batch and batch_tokens + head.num_tokens > self.max_batch_tokens:
+                class_tokens = batch_class_tokens + head.num_tokens if head.priority == BATCH else 0
+                if batch and (batch_tokens + head.num_tokens > self.max_batch_tokens
+                              or class_tokens > self.max_batch_class_tokens):
                     break
                 batch.append(queue.popleft())
                 batch_tokens += head.num_tokens
+                if head.priority == BATCH:
+                    batch_class_tokens = class_tokens
             if queue:  # the next of the order did not fit: nothing behind it jumps ahead
                 break
         took_batch_work = promote or bool(batch) and batch[-1].priority == BATCH

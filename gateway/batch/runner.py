@@ -126,11 +126,11 @@ class JobRun:
         if not total:
             return self._fail("empty_file", "the input file holds no requests")
         self.counts["total"] = total
-        return self._update({"status": "in_progress", "in_progress_at": int(time.time()),
+        return self._update({"status": "in_progress", "in_progress_at": int(self.store.clock()),
                              "request_counts": dict(self.counts)})
 
     def _fail(self, code: str, message: str) -> bool:
-        self._update({"status": "failed", "failed_at": int(time.time()),
+        self._update({"status": "failed", "failed_at": int(self.store.clock()),
                       "errors": {"object": "list", "data": [{"code": code, "message": message, "param":
                                                              "input_file_id", "line": None}]}})
         return False
@@ -217,7 +217,7 @@ class JobRun:
             return
         if status == "cancelling":
             self.stop = "cancelled"
-        elif time.time() >= self.body["expires_at"]:
+        elif self.store.clock() >= self.body["expires_at"]:
             self.stop = "expired"
 
     async def _finish(self, status: str) -> None:
@@ -228,7 +228,7 @@ class JobRun:
             os.fsync(f.fileno())
         changes = {"finishing": status}
         if status == "completed":
-            changes.update(status="finalizing", finalizing_at=int(time.time()))
+            changes.update(status="finalizing", finalizing_at=int(self.store.clock()))
         if not self.body.get("finishing") and not self._update(changes):
             return
         hex_id = self.id.removeprefix("batch_")
@@ -250,8 +250,9 @@ class JobRun:
         counts = dict(self.body["request_counts"])
         for kind, key in (("output", "completed"), ("errors", "failed")):
             counts[key] = sum(1 for _ in open(self.store.file_path(ids[kind]), "rb")) if kind in ids else 0
-        self._update({"status": status, f"{status}_at": int(time.time()), "output_file_id": ids.get("output"),
-                      "error_file_id": ids.get("errors"), "request_counts": counts, "finishing": None},
+        self._update({"status": status, f"{status}_at": int(self.store.clock()),
+                      "output_file_id": ids.get("output"), "error_file_id": ids.get("errors"),
+                      "request_counts": counts, "finishing": None},
                      tuple(new_files))
         if self.stop != "lost":
             self.work.rmdir() if self.work.exists() and not any(self.work.iterdir()) else None

@@ -1,6 +1,9 @@
 """The Batch API's durable state: files and batch jobs in SQLite (WAL) under the data folder,
 file contents beside it (`files/<id>`), a job's output while it runs in `work/<batch id>/`.
 
+Times (created_at, expires_at, a file's or a job's expiry) come from the store's `clock`; leases
+from the wall clock, which every process sharing the folder reads alike.
+
 Every read and change names its owner (a hash of the API key, "" without keys): another
 owner's id is 404, as an id that does not exist. Jobs are run under a lease (`claim`, `renew`):
 one runner at a time per job across processes and machines sharing the folder; a runner that
@@ -13,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import orjson
 
@@ -55,9 +59,9 @@ def new_id(prefix: str) -> str:
 
 
 class BatchStore:
-    def __init__(self, folder: str | os.PathLike, limits: Limits = Limits()):
+    def __init__(self, folder: str | os.PathLike, limits: Limits = Limits(), clock: Callable[[], float] = time.time):
         self.folder = Path(folder)
-        self.limits = limits
+        self.limits, self.clock = limits, clock
         self.files_dir = self.folder / "files"
         self.work_dir = self.folder / "work"
         self.uploads_dir = self.folder / "uploads"  # uploads being received
@@ -106,7 +110,7 @@ class BatchStore:
         if count >= self.limits.max_files_per_key:
             raise ApiError(429, f"this key stores {count} files; at most {self.limits.max_files_per_key}: "
                                 "delete some (DELETE /v1/files/{id})", None, "file_limit_exceeded")
-        body = {"id": new_id("file-"), "object": "file", "bytes": num_bytes, "created_at": int(time.time()),
+        body = {"id": new_id("file-"), "object": "file", "bytes": num_bytes, "created_at": int(self.clock()),
                 "expires_at": expires_at, "filename": filename, "purpose": purpose, "status": "processed",
                 "status_details": None}
         os.replace(source, self.file_path(body["id"]))
@@ -126,14 +130,21 @@ class BatchStore:
         return body
 
     def file(self, owner: str, file_id: str) -> dict:
-        rows = self._rows("SELECT body FROM files WHERE id = ? AND owner = ?", file_id, owner)
+        """The file's object; an expired file is deleted now (whenever the runner's sweep would): 404."""
+        rows = self._rows("SELECT body, expires_at FROM files WHERE id = ? AND owner = ?", file_id, owner)
+        if rows and self._expired(rows[0][1]):
+            self._delete_files([file_id])
+            rows = []
         if not rows:
             raise not_found("file", file_id, "file_id")
         return orjson.loads(rows[0][0])
 
+    def _expired(self, expires_at: int | None) -> bool:
+        return expires_at is not None and expires_at <= self.clock()
+
     def list_files(self, owner: str, purpose: str | None, limit: int, order: str, after: str | None
                    ) -> tuple[list[dict], bool]:
-        where, args = "owner = ?", [owner]
+        where, args = "owner = ? AND (expires_at IS NULL OR expires_at > ?)", [owner, int(self.clock())]
         if purpose:
             where, args = where + " AND purpose = ?", args + [purpose]
         return self._page("files", where, args, limit, order, after)
@@ -144,15 +155,17 @@ class BatchStore:
         self.file_path(file_id).unlink(missing_ok=True)
         return {"id": file_id, "object": "file", "deleted": True}
 
-    def delete_expired_files(self, now: float | None = None) -> int:
-        now = time.time() if now is None else now
+    def delete_expired_files(self) -> int:
         expired = [r[0] for r in self._rows("SELECT id FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                                            int(now))]
-        if expired:
-            self._write([("DELETE FROM files WHERE id = ?", (file_id,)) for file_id in expired])
-            for file_id in expired:
-                self.file_path(file_id).unlink(missing_ok=True)
+                                            int(self.clock()))]
+        self._delete_files(expired)
         return len(expired)
+
+    def _delete_files(self, file_ids: list[str]) -> None:
+        if file_ids:
+            self._write([("DELETE FROM files WHERE id = ?", (file_id,)) for file_id in file_ids])
+            for file_id in file_ids:
+                self.file_path(file_id).unlink(missing_ok=True)
 
     def _page(self, table: str, where: str, args: list, limit: int, order: str, after: str | None
               ) -> tuple[list[dict], bool]:
@@ -184,7 +197,7 @@ class BatchStore:
             raise ApiError(429, f"this key has {active} unfinished batches; at most "
                                 f"{self.limits.max_active_batches_per_key}: wait for some or cancel them", None,
                            "batch_limit_exceeded")
-        now = int(time.time())
+        now = int(self.clock())
         body = {"id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
                 "input_file_id": input_file_id, "completion_window": completion_window, "status": "validating",
                 "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
@@ -209,7 +222,7 @@ class BatchStore:
         """validating or in_progress -> cancelling (the runner stops and keeps what is done)."""
         body = self.batch(owner, batch_id)
         if body["status"] in CANCELLABLE:
-            body.update(status="cancelling", cancelling_at=int(time.time()))
+            body.update(status="cancelling", cancelling_at=int(self.clock()))
             changed, = self._write([("UPDATE batches SET status = ?, body = ? WHERE id = ? AND status IN (?, ?)",
                                      (body["status"], orjson.dumps(body).decode(), batch_id, *CANCELLABLE))])
             if changed:
@@ -285,5 +298,5 @@ class BatchStore:
         """The file object of a job's output `file_id` (already at file_path(file_id)); the runner
         inserts it with the job's last update (`update`'s `new_files`)."""
         return {"id": file_id, "object": "file", "bytes": self.file_path(file_id).stat().st_size,
-                "created_at": int(time.time()), "expires_at": expires_at, "filename": filename,
+                "created_at": int(self.clock()), "expires_at": expires_at, "filename": filename,
                 "purpose": OUTPUT_PURPOSE, "status": "processed", "status_details": None}

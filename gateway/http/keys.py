@@ -69,7 +69,11 @@ def parse_keys(document, source: str) -> dict[bytes, KeyEntry]:
 
 
 def read_keys_file(path: str) -> dict[bytes, KeyEntry]:
-    text = Path(path).read_text()
+    """{digest: entry}; ValueError naming the file and its problem (unreadable, not parsed, a bad entry)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"keys file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
@@ -91,8 +95,8 @@ class KeysFile:
 
     def __init__(self, path: str):
         self.path = path
-        self.signature = self._signature()
         self.entries = read_keys_file(path)  # a bad file at start: the gateway does not start
+        self.signature = self._signature()
 
     def _signature(self):
         st = os.stat(self.path)

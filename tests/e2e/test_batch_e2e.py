@@ -1,20 +1,27 @@
 """The Batch API against the session's real tritonserver, through the official `openai` SDK: the
 whole flow (files.create, batches.create, batches.retrieve, files.content), rows equal to direct
 calls and to sentence-transformers, lines at the `batch` class, keys that see only their own;
-a gateway killed mid-job and restarted completes the job with every custom_id once; a cancel
-mid-job leaves a partial output; bad lines of every kind are error lines beside good rows.
+a gateway killed mid-job and restarted completes the job with every custom_id once, as does
+the second of two gateways sharing one data folder when the first, running the job, is killed;
+a cancel mid-job leaves a partial output; bad lines of every kind are error lines beside good
+rows; outputs are deleted once the app's clock passes `output_expires_after`.
 The job is held between lines by the runner's test-only gate (testing/hold.py), never by time."""
+import asyncio
 import json
+import time
 import urllib.request
 
+import httpx
 import numpy as np
 import openai
 import pytest
 
 from engine_lib.runner.self_check import MIN_COSINE
+from gateway.app import create_app
+from gateway.config import GatewayConfig
 from testing.gateway_process import GatewayProcess
 from testing.hold import BatchLineHold
-from testing.waiting import wait_until
+from testing.waiting import wait_until, wait_until_async
 
 MODEL = "all-MiniLM-L6-v2"
 KEYS = ("batch-key-a", "batch-key-b")
@@ -40,31 +47,40 @@ def cosine(a, b):
 
 class BatchGateway:
     """A gateway of this module's own (it is killed and started again) beside the session's server,
-    with two API keys, a data folder and the runner's gate."""
+    with two API keys, a data folder (`data`: one other gateways share) and the runner's gate."""
 
-    def __init__(self, server, folder):
+    def __init__(self, server, folder, data=None):
         self.server, self.folder, self.starts = server, folder, 0
-        (folder / "gates").mkdir()
+        self.data = data or folder / "data"
+        (folder / "gates").mkdir(parents=True)
         self.hold = BatchLineHold(folder / "gates")
         self.process = self.start()
 
     def start(self) -> GatewayProcess:
         self.starts += 1
         self.process = GatewayProcess(self.folder / f"gateway-{self.starts}.log", [self.server.grpc_url],
-                                      args=["--data-dir", str(self.folder / "data"), "--batch-lease", "2"],
+                                      args=["--data-dir", str(self.data), "--batch-lease", "2"],
                                       env={"ROSE_GATEWAY_API_KEYS": ",".join(KEYS), **self.hold.env})
         return self.process
 
     def client(self, key=KEYS[0]) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.process.url}/v1", api_key=key, max_retries=0)
 
+    def kill(self) -> None:
+        """SIGKILL: no lease released, nothing flushed by the gateway."""
+        self.process.process.kill()
+        self.process.process.wait()
+
+    def stop(self) -> None:
+        self.hold.release()
+        self.process.stop()
+
 
 @pytest.fixture(scope="module")
 def gateway(server, tmp_path_factory):
     instance = BatchGateway(server, tmp_path_factory.mktemp("batch_gateway"))
     yield instance
-    instance.hold.release()
-    instance.process.stop()
+    instance.stop()
 
 
 def jsonl(lines) -> bytes:
@@ -193,17 +209,9 @@ def test_cohere_lines_equal_direct_calls(gateway):
 def test_killed_mid_job_the_restarted_gateway_completes_it_exactly_once(gateway, server):
     client = gateway.client()
     lines = [embedding_line(f"k{i}", texts_for(i)) for i in range(30)]
-    with server.hold:  # lines reach the encoder and wait there
-        batch = submit(client, lines)
-        wait_for_a_queued_line(server)
-        gateway.hold.__enter__()  # no line starts after those in flight
+    batch, _, _ = hold_a_job_mid_run(server, client, lines, [gateway.hold])
     try:
-        gateway.hold.wait_entered()
-        done_before = wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed, 60,
-                                 "the lines in flight to be written")
-        assert 0 < done_before < len(lines)
-        gateway.process.process.kill()  # SIGKILL: no lease released, nothing flushed by the gateway
-        gateway.process.process.wait()
+        gateway.kill()
         gateway.hold.entered.unlink()
         gateway.start()
         gateway.hold.wait_entered()  # the new gateway took the job over (the old lease expired) and holds
@@ -238,3 +246,94 @@ def test_cancel_mid_job_leaves_a_partial_output(gateway, server):
     counts = done.request_counts
     assert 0 < counts.completed == len(rows) < len(lines) and counts.failed == 0 and counts.total == len(lines)
     assert set(rows) <= {line["custom_id"] for line in lines}
+
+
+def hold_a_job_mid_run(server, client, lines, holds):
+    """Submit `lines`; once some are in flight, hold the runners at their gates (`holds`) and let
+    the lines in flight finish. -> (batch, the hold its runner waits at, lines written)."""
+    with server.hold:  # lines reach the encoder and wait there
+        batch = submit(client, lines)
+        wait_for_a_queued_line(server)
+        for hold in holds:
+            hold.__enter__()  # no line starts after those in flight
+    holding = wait_until(lambda: [hold for hold in holds if hold.entered.exists()], 60,
+                         "the job's runner to reach its hold")
+    assert len(holding) == 1, "two runners run the job"
+    done_before = wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed, 60,
+                             "the lines in flight to be written")
+    assert 0 < done_before < len(lines)
+    return batch, holding[0], done_before
+
+
+def test_two_replicas_share_the_jobs_and_one_takes_over_the_job_of_a_killed_one(server, tmp_path):
+    data = tmp_path / "shared-data"
+    replicas = [BatchGateway(server, tmp_path / name, data) for name in ("replica-1", "replica-2")]
+    try:
+        client = replicas[0].client()
+        lines = [embedding_line(f"r{i}", texts_for(i)) for i in range(30)]
+        batch, holding, done_before = hold_a_job_mid_run(server, client, lines, [r.hold for r in replicas])
+        runner, survivor = sorted(replicas, key=lambda r: r.hold is not holding)
+        survivor_client = survivor.client()
+        assert survivor_client.batches.retrieve(batch.id).status == "in_progress"  # the folder's jobs are shared
+        assert not survivor.hold.entered.exists()  # the lease is held: the other runner stays off the job
+        runner.kill()
+        survivor.hold.wait_entered()  # the lease expired; the survivor took the job over and holds
+        resumed = survivor_client.batches.retrieve(batch.id)
+        assert resumed.status == "in_progress" and resumed.request_counts.completed >= done_before
+        survivor.hold.release()
+        done = finished(survivor_client, batch.id)
+        assert done.status == "completed"
+        assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (30, 30, 0)
+        rows = results(survivor_client, done.output_file_id)
+        assert sorted(rows) == sorted(line["custom_id"] for line in lines)
+        for line in lines:
+            direct = survivor_client.embeddings.create(**line["body"])
+            got = rows[line["custom_id"]]["response"]["body"]["data"]
+            assert cosine([d["embedding"] for d in got], [d.embedding for d in direct.data]).min() >= 0.9999
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def test_outputs_past_output_expires_after_are_deleted(server, tmp_path):
+    """The gateway's app in this process (its runner too) against the session's server, its Batch
+    API's clock moved by the test: no wait on wall time."""
+    now = [time.time()]
+    config = GatewayConfig(triton=(server.grpc_url,), data_dir=str(tmp_path / "data"), api_keys=frozenset(KEYS))
+    app = create_app(config, clock=lambda: now[0])
+    headers = {"Authorization": f"Bearer {KEYS[0]}"}
+    lines = [embedding_line("kept-1", texts_for(1)), embedding_line("kept-2", texts_for(2)), b"{not json"]
+
+    async def scenario():
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway", headers=headers) as http:
+            uploaded = (await http.post("/v1/files", files={"file": ("in.jsonl", jsonl(lines))},
+                                        data={"purpose": "batch"})).json()
+            created = await http.post("/v1/batches", json={
+                "input_file_id": uploaded["id"], "endpoint": "/v1/embeddings", "completion_window": "24h",
+                "output_expires_after": {"anchor": "created_at", "seconds": 3600}})
+            batch = created.json()
+
+            async def status():
+                return (await http.get(f"/v1/batches/{batch['id']}")).json()
+            done = await wait_until_async(status, lambda b: b["status"] in TERMINAL, 120, "the batch to finish",
+                                          0.05)
+            assert done["status"] == "completed" and done["request_counts"]["completed"] == 2
+            outputs = (done["output_file_id"], done["error_file_id"])
+            for file_id in outputs:
+                described = (await http.get(f"/v1/files/{file_id}")).json()
+                assert described["expires_at"] == batch["created_at"] + 3600
+                assert (await http.get(f"/v1/files/{file_id}/content")).status_code == 200
+            now[0] = batch["created_at"] + 3599  # a second before: still there
+            assert {f["id"] for f in (await http.get("/v1/files")).json()["data"]} >= set(outputs)
+            now[0] = batch["created_at"] + 3600
+            listed = {f["id"] for f in (await http.get("/v1/files")).json()["data"]}
+            assert uploaded["id"] in listed and not listed & set(outputs)  # the input has no expiry
+            for file_id in outputs:
+                for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content"):
+                    gone = await http.get(path)
+                    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+                assert not (tmp_path / "data" / "files" / file_id).exists()
+            assert (await http.get(f"/v1/files/{uploaded['id']}/content")).content == jsonl(lines)
+
+    asyncio.run(scenario())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_lib.config import EncoderConfig, TokenizerConfig, parse_bool
+from engine_lib.config import AUTO, EncoderConfig, TokenizerConfig, parse_bool
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
 
@@ -31,12 +31,15 @@ def test_request_options_and_config_read_booleans_alike():
 def test_parameters_convert_by_field_type_and_overrides_win():
     config = EncoderConfig.from_parameters({"max_batch_tokens": "512", "device": "cpu"}, max_batch_tokens="1024")
     assert config.max_batch_tokens == 1024 and config.device == "cpu"
+    assert EncoderConfig.from_parameters({"max_batch_class_tokens": "auto"}).max_batch_class_tokens == AUTO
+    assert EncoderConfig.from_parameters({"max_batch_class_tokens": "512"}).max_batch_class_tokens == 512
 
 
 @pytest.mark.parametrize("params, message", [
     ({"max_batch_tokenz": "1"}, r"unknown parameter\(s\) \['max_batch_tokenz'\]"),
     ({"max_batch_tokens": "many"}, "parameter max_batch_tokens"),
     ({"max_batch_tokens": "0"}, "max_batch_tokens must be >= 1"),
+    ({"max_batch_class_tokens": "0"}, r"max_batch_class_tokens must be >= 1 \(or auto\)"),
     ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N"),
     ({"cuda_graphs": "sometimes"}, "cuda_graphs must be auto, on or off"),
     ({"max_graph_tokens": "32"}, "max_graph_tokens must be >= 64"),

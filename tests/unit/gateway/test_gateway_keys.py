@@ -2,6 +2,9 @@
 each refusal names what is wrong; the shared counters across two connections to one file."""
 import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +35,23 @@ def test_a_yaml_keys_file_and_lookup_by_hash(tmp_path):
     entry = keys.lookup(b"k")
     assert (entry.name, entry.models, entry.requests_per_minute, entry.tokens_per_minute) == ("team-a", {"m1"}, 5, 0)
     assert keys.lookup(b"other") is None
+
+
+@pytest.mark.parametrize("option, content, problem", [
+    ("--keys-file", None, "No such file or directory"),
+    ("--keys-file", "{not json", "is not valid JSON"),
+    ("--keys-file", '{"keys": {"a": {"sha256": "ab"}}}', "key 'a': 'sha256' must be the 64 hex digits"),
+    ("--api-key-file", None, "No such file or directory"),
+])
+def test_a_keys_file_missing_or_broken_stops_the_gateway_in_one_line(tmp_path, option, content, problem):
+    path = tmp_path / "keys.json"
+    if content is not None:
+        path.write_text(content)
+    started = subprocess.run([sys.executable, "-m", "gateway", "--triton", "127.0.0.1:1", option, str(path)],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "ROSE_GATEWAY_DATA_DIR": ""})
+    assert started.returncode == 1
+    assert started.stderr.splitlines() == [started.stderr.strip()], started.stderr  # one line, no traceback
+    assert started.stderr.startswith("gateway: ") and str(path) in started.stderr and problem in started.stderr
 
 
 @pytest.mark.parametrize("seconds, text", [(0.0004, "0ms"), (0.25, "250ms"), (1, "1s"), (47.5, "47.5s"),

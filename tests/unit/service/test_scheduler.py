@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from engine_lib.service.scheduler import BATCH, INTERACTIVE, PRIORITIES, PriorityBatcher
+from engine_lib.service.scheduler import (BATCH, CPU_BATCH_CLASS_TOKENS, INTERACTIVE, PRIORITIES, PriorityBatcher,
+                                          batch_class_budget)
 
 
 def drain(batcher):
@@ -135,10 +136,12 @@ def test_one_class_is_plain_fcfs():
         assert batcher.promoted == 0
 
 
-def test_random_mix_keeps_budget_cap_class_order_and_token_counts():
+@pytest.mark.parametrize("class_budget", [None, 24])
+def test_random_mix_keeps_budget_cap_class_order_and_token_counts(class_budget):
     rng = random.Random(7)
     clock = FakeClock()
-    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=5, batch_promote_s=1.0, clock=clock)
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=5, batch_promote_s=1.0, clock=clock,
+                              max_batch_class_tokens=class_budget)
     added = {INTERACTIVE: [], BATCH: []}
     left = {INTERACTIVE: [], BATCH: []}
     for r in range(300):
@@ -156,6 +159,8 @@ def test_random_mix_keeps_budget_cap_class_order_and_token_counts():
         batch = batcher.next_batch() if rng.random() < 0.6 else []
         assert len(batch) <= 5
         assert sum(s.num_tokens for s in batch) <= 64 or len(batch) == 1
+        batch_class = [s.num_tokens for s in batch if s.priority == BATCH]
+        assert sum(batch_class) <= (class_budget or 64) or len(batch_class) == 1  # a longer one leaves alone
         for s in batch:
             left[s.priority].append((s.request_key, s.index))
         queued = batcher.queued()
@@ -212,6 +217,49 @@ def test_a_promoted_sequence_longer_than_the_budget_leaves_alone():
     clock.now = 1.5
     assert keys(batcher.next_batch()) == [("long", 0)]
     assert keys(batcher.next_batch()) == [("q2", 0)]
+
+
+def test_steps_of_batch_work_alone_keep_to_the_batch_class_budget_in_arrival_order():
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=64, clock=FakeClock(), max_batch_class_tokens=16)
+    batcher.add("bulk", [4] * 9, BATCH)
+    batcher.add("long", [40], BATCH)
+    batcher.add("after", [4], BATCH)
+    assert [keys(b) for b in drain(batcher)] == [
+        [("bulk", i) for i in range(4)], [("bulk", i) for i in range(4, 8)], [("bulk", 8)],  # "long" does not fit
+        [("long", 0)],  # longer than the batch-class budget: alone
+        [("after", 0)]]
+
+
+def test_interactive_work_fills_the_budget_and_batch_work_backfills_only_its_own_budget():
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=64, clock=FakeClock(), max_batch_class_tokens=8)
+    batcher.add("bulk", [4] * 6, BATCH)
+    batcher.add("q", [20, 20], INTERACTIVE)
+    assert keys(batcher.next_batch()) == [("q", 0), ("q", 1), ("bulk", 0), ("bulk", 1)]
+    batcher.add("q2", [50], INTERACTIVE)
+    assert keys(batcher.next_batch()) == [("q2", 0), ("bulk", 2), ("bulk", 3)]  # 50 + 8 <= 64
+    assert keys(batcher.next_batch()) == [("bulk", 4), ("bulk", 5)]
+
+
+def test_a_batch_class_budget_as_large_as_the_budget_changes_nothing():
+    rng = random.Random(11)
+    runs = []
+    for class_budget in (None, 64, 1000):
+        batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=5, clock=FakeClock(),
+                                  max_batch_class_tokens=class_budget)
+        rng.seed(11)
+        for r in range(60):
+            batcher.add(r, [rng.randint(1, 40) for _ in range(rng.randint(1, 4))], rng.choice(PRIORITIES))
+        runs.append([keys(b) for b in drain(batcher)])
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_the_batch_class_budget_auto_is_small_on_a_cpu_only():
+    assert batch_class_budget(-1, 8192, on_cpu=True) == CPU_BATCH_CLASS_TOKENS < 8192
+    assert batch_class_budget(-1, 128, on_cpu=True) == 128  # never above the budget
+    assert batch_class_budget(-1, 8192, on_cpu=False) == 8192
+    assert batch_class_budget(1024, 8192, on_cpu=False) == 1024
+    with pytest.raises(ValueError, match="max_batch_class_tokens"):
+        PriorityBatcher(64, 8, max_batch_class_tokens=0)
 
 
 def test_drop_removes_a_request_from_its_class():
