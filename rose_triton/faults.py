@@ -46,7 +46,8 @@ def gate_file(folder: str | Path, point: str) -> Path:
 
 
 def entered_file(folder: str | Path, point: str) -> Path:
-    """Created by a caller that starts waiting at a held `point`: a request is inside."""
+    """Created by a caller that starts waiting at a held `point`: a request is inside. Each caller
+    that enters adds one byte, so its size counts them (several model instances wait at once)."""
     return Path(folder) / f"{point}.hold.entered"
 
 
@@ -69,10 +70,11 @@ class FileGate:
 
 
 def wait_at_gate(gate: str, entered: str) -> None:
-    """While the file `gate` exists: touch `entered` (the test sees the caller arrived) and wait
-    until the test removes `gate`, polling every FileGate.POLL_S."""
+    """While the file `gate` exists: add a byte to `entered` (the test sees one more caller arrived)
+    and wait until the test removes `gate`, polling every FileGate.POLL_S."""
     if not os.path.exists(gate):
         return
-    Path(entered).touch()
+    with open(entered, "ab") as marker:  # O_APPEND: callers in several processes each add theirs
+        marker.write(b".")
     while os.path.exists(gate):
         time.sleep(FileGate.POLL_S)

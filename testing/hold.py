@@ -88,8 +88,10 @@ class TokenizerHold(_GateFile):
         self.entered.unlink(missing_ok=True)
         return super().__enter__()
 
-    def wait_entered(self, timeout: float = 60) -> None:
-        wait_until(self.entered.exists, timeout, "a request to reach the tokenizer's hold")
+    def wait_entered(self, count: int = 1, timeout: float = 60) -> None:
+        """Until `count` requests wait at the hold (each model instance that tokenizes holds one)."""
+        wait_until(lambda: self.entered.exists() and self.entered.stat().st_size >= count, timeout,
+                   f"{count} request(s) to reach the tokenizer's hold")
 
 
 class BatchLineHold(_GateFile):

@@ -133,14 +133,16 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
 
 
 TOKENIZER_HOLDS = 1 + 2  # the tokenizer lane's request in hand + its 2 waiting (LIMITS)
-EMBED_HOLDS = 4 + 2  # the embed front's four instances (each tokenizes, so each is held) + its queue of 2
+EMBED_INSTANCES = 4  # the embed front's instances: each tokenizes, so each holds one request
+EMBED_HOLDS = EMBED_INSTANCES + 2  # + its queue of 2 (LIMITS)
 
 
-def held_flood(hold, way, url, texts, count, can_hold, one_first=False):
+def held_flood(hold, way, url, texts, count, can_hold, first):
     """`count` concurrent calls while the tokenizer is held, where at most `can_hold` calls can wait:
     -> (the first count - can_hold outcomes, all answered while held; the rest, after the release).
-    An outcome is None (answered) or the client's error. `one_first`: one call reaches the hold
-    before the others start (the tokenizer lane takes every request waiting at once as one group)."""
+    An outcome is None (answered) or the client's error. `first` calls reach the hold before the
+    others start: one per tokenizing instance, so that the rest meet a full queue however slowly
+    Triton hands requests to instances (and the tokenizer lane's group is that one request)."""
     outcomes: queue.Queue = queue.Queue()
 
     def one():
@@ -151,10 +153,10 @@ def held_flood(hold, way, url, texts, count, can_hold, one_first=False):
             outcomes.put(exc)
 
     with hold:
-        if one_first:
+        for _ in range(first):
             threading.Thread(target=one, daemon=True).start()
-            hold.wait_entered()
-        for _ in range(count - one_first):
+        hold.wait_entered(first)
+        for _ in range(count - first):
             threading.Thread(target=one, daemon=True).start()
         while_held = [outcomes.get(timeout=60) for _ in range(count - can_hold)]
     return while_held, [outcomes.get(timeout=120) for _ in range(can_hold)]
@@ -162,7 +164,7 @@ def held_flood(hold, way, url, texts, count, can_hold, one_first=False):
 
 def test_tokenizer_queue_is_bounded(limited):
     refused, released = held_flood(limited.tokenizer_hold, embed_stream, limited.grpc_url, ["held"], 8,
-                                   TOKENIZER_HOLDS, one_first=True)
+                                   TOKENIZER_HOLDS, first=1)
     assert all(e is not None and "overloaded: tokenizer queue is full" in str(e) for e in refused), refused
     assert all(decode(e.message()).code == UNAVAILABLE for e in refused), refused  # a stream's error has no status
     assert released == [None] * TOKENIZER_HOLDS  # the watchdog is paused: no probe takes a place
@@ -171,7 +173,8 @@ def test_tokenizer_queue_is_bounded(limited):
 @pytest.mark.parametrize("way, status", [(embed_unary_grpc, "StatusCode.UNAVAILABLE"), (embed_unary_http, 503)])
 def test_unary_front_queue_is_bounded_and_reads_unavailable(limited, way, status):
     url = limited.grpc_url if "grpc" in way.__name__ else limited.http_url
-    refused, released = held_flood(limited.tokenizer_hold, way, url, MEDIUM_TEXTS, 12, EMBED_HOLDS)
+    refused, released = held_flood(limited.tokenizer_hold, way, url, MEDIUM_TEXTS, 12, EMBED_HOLDS,
+                                   first=EMBED_INSTANCES)
     for error in refused:
         assert error is not None and "Exceeds maximum queue size" in str(error), error
         assert (error.status() if status != 503 else int(error.status())) == status
@@ -180,7 +183,7 @@ def test_unary_front_queue_is_bounded_and_reads_unavailable(limited, way, status
 
 def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
     refused, released = held_flood(limited.tokenizer_hold, embed_generate, limited.http_url, MEDIUM_TEXTS, 8,
-                                   TOKENIZER_HOLDS, one_first=True)
+                                   TOKENIZER_HOLDS, first=1)
     for error in refused:
         assert error is not None and error.code == 400, error  # Triton 2.51's generate answers every error with 400
         assert "overloaded: tokenizer queue is full" in error.read().decode()

@@ -40,7 +40,7 @@ def test_a_gate_folder_that_is_not_there_fails_at_start_up(tmp_path):
     assert faults.hook is None
 
 
-def test_a_waiting_caller_says_it_entered_and_leaves_on_release(tmp_path):
+def test_waiting_callers_each_say_they_entered_and_leave_on_release(tmp_path):
     gate = FileGate(str(tmp_path))
     gate.wait(faults.TOKENIZE)  # not held: no wait, no entered file
     assert not entered_file(tmp_path, faults.TOKENIZE).exists()
@@ -49,6 +49,10 @@ def test_a_waiting_caller_says_it_entered_and_leaves_on_release(tmp_path):
     worker.start()
     wait_until(entered_file(tmp_path, faults.TOKENIZE).exists, 30, "the caller to enter the hold")
     assert worker.is_alive()
+    second = threading.Thread(target=gate.wait, args=(faults.TOKENIZE,), daemon=True)
+    second.start()
+    wait_until(lambda: entered_file(tmp_path, faults.TOKENIZE).stat().st_size == 2, 30, "a second caller")
     gate_file(tmp_path, faults.TOKENIZE).unlink()
-    worker.join(10)
-    assert not worker.is_alive()
+    for waiting in (worker, second):
+        waiting.join(10)
+        assert not waiting.is_alive()
