@@ -63,14 +63,15 @@ async def embed_retrieval(backend, tokens: RaggedTokens, types: list[str], param
     return out
 
 
-def late_interaction_scores(outputs: dict, weights: list[float] | None) -> np.ndarray:
+def late_interaction_scores(outputs: dict, weights: list[float] | None, reduce: str = "mean") -> np.ndarray:
     """Scores of texts 1.. (documents) against text 0 (the query) from embed_retrieval's `outputs`, as
     FlagEmbedding's BGE-M3 compute_score makes them: MaxSim (the mean over the query's token vectors of
-    their best dot product with the document's); with `weights` [dense, sparse, multivector], the
-    weighted mean of the dense dot product, the lexical score (the sum of shared tokens' weight
-    products) and MaxSim."""
+    their best dot product with the document's; `reduce` "sum": their sum, as PyLate's colbert_scores);
+    with `weights` [dense, sparse, multivector], the weighted mean of the dense dot product, the lexical
+    score (the sum of shared tokens' weight products) and MaxSim."""
     query, documents = outputs["multivector"][0], outputs["multivector"][1:]
-    maxsim = np.array([(query.astype(np.float64) @ d.T).max(1).mean() for d in documents])
+    best = [(query.astype(np.float64) @ d.T).max(1) for d in documents]
+    maxsim = np.array([b.sum() if reduce == "sum" else b.mean() for b in best])
     if weights is None:
         return maxsim
     dense = outputs["float"][1:].astype(np.float64) @ outputs["float"][0].astype(np.float64)
