@@ -227,3 +227,5 @@ def test_gateway_colbert_v2_embed_by_input_type_and_rerank_with_pylate_maxsim(mu
                                               "embedding_types": ["float"]})
     assert status == 400 and f"model {server.colbert_name!r} cannot give embedding type 'float'" in \
         body["error"]["message"], body
+    status, body = post(server, "/v1/embeddings", {"model": server.colbert_name, "input": "x"})
+    assert status == 400 and "'float' is not given by this model (a colbert model" in body["error"]["message"], body
