@@ -157,11 +157,14 @@ class ColbertHead(nn.Module):
         super().__init__()
         self._paths, activations, linears = [], [], []
         width = folder.config["hidden_size"]
-        for module in json.load(open(folder.file("modules.json"))):
+        with open(folder.file("modules.json")) as f:
+            modules = json.load(f)
+        for module in modules:
             if not module.get("type", "").endswith("Dense"):
                 continue
             path = os.path.join(folder.path, module.get("path", ""))
-            config = json.load(open(os.path.join(path, "config.json")))
+            with open(os.path.join(path, "config.json")) as f:
+                config = json.load(f)
             name = config.get("activation_function", "torch.nn.modules.linear.Identity")
             if name not in DENSE_ACTIVATIONS or config.get("use_residual"):
                 raise ValueError(f"{path}/config.json: a Dense module with activation {name!r} and use_residual "

@@ -98,3 +98,14 @@ def test_colbert_refuses_dense_sparse_and_chunking_naming_the_type(folders):
             serve(folders["masked"], RequestOptions(embedding_types=(kind,)))
     with pytest.raises(InputError, match="chunking"):
         text_tokenizer(str(folders["masked"]), TokenizerConfig()).encode_windows(["x"], RequestOptions())
+
+
+def test_a_unary_front_asks_a_colbert_encoder_for_multivectors_when_the_client_names_nothing(folders):
+    from engine_lib.service.outputs import default_outputs, requested_outputs
+    from rose_wire import EMBEDDING_OUTPUTS, MULTIVECTOR, MULTIVECTOR_COUNTS, RAGGED_OUTPUTS
+
+    declared = [*EMBEDDING_OUTPUTS, *RAGGED_OUTPUTS]
+    default = default_outputs(str(folders["masked"]), declared)
+    assert requested_outputs({}, declared, declared, default) == [MULTIVECTOR, MULTIVECTOR_COUNTS]
+    assert requested_outputs({"embedding_types": "multivector_int8"}, declared, declared, default) != \
+        [MULTIVECTOR, MULTIVECTOR_COUNTS]
