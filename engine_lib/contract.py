@@ -76,6 +76,9 @@ class PackedBatch:
     cu_seqlens: np.ndarray  # [num_seqs + 1] int32, cu_seqlens[0] == 0
     max_seqlen: int
     token_types: np.ndarray | None = None  # [num_tokens] int64 segment ids (BERT pairs); None = all 0
+    # [num_seqs] bool: the sequence's request has input_type query (a ColBERT model encodes queries
+    # and documents differently); None = no query
+    queries: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -96,7 +99,7 @@ class PackedBatch:
 
     @classmethod
     def from_flat(cls, input_ids: np.ndarray, seq_lens: Sequence[int],
-                  token_types: np.ndarray | None = None) -> "PackedBatch":
+                  token_types: np.ndarray | None = None, queries: np.ndarray | None = None) -> "PackedBatch":
         """Sequences already laid end to end: `input_ids` [num_tokens] (kept as is when int64),
         `seq_lens` their lengths in order, `token_types` [num_tokens] segment ids or None (all 0)."""
         if not len(seq_lens):
@@ -114,7 +117,9 @@ class PackedBatch:
             if token_types.shape != input_ids.shape:
                 raise ValueError("token_types must have one entry per token")
         positions = np.arange(len(input_ids), dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
-        return cls(input_ids, positions, cu_seqlens, int(lens.max()), token_types)
+        if queries is not None and len(queries) != len(lens):
+            raise ValueError("queries must have one entry per sequence")
+        return cls(input_ids, positions, cu_seqlens, int(lens.max()), token_types, queries)
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[np.ndarray],

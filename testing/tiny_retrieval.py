@@ -100,3 +100,55 @@ def flag_m3(folder, **kwargs):
     from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
 
     return M3Embedder(str(folder), use_fp16=False, devices="cpu", normalize_embeddings=True, **kwargs)
+
+
+COLBERT_PREFIXES = ("[Q] ", "[D] ")  # PyLate's default query and document prefixes, added as tokens
+
+
+def save_colbert(folder, seed: int = 33, query_length: int = 16, document_length: int = 40, dim: int = 32,
+                 attend_to_expansion_tokens: bool = False, do_query_expansion: bool = True):
+    """A ColBERT folder as PyLate 1.6 saves one (pylate/models/colbert.py `save`, sentence-transformers 5.3
+    modules): BertModel at the root with the prefix tokens added to its tokenizer (and vocabulary), the
+    `[MASK]` token as pad token, a bias-free Dense projection in 1_Dense, PyLate's settings in
+    config_sentence_transformers.json."""
+    import json
+    import string
+
+    from safetensors.torch import save_file
+    from tokenizers import AddedToken
+    from tokenizers.processors import TemplateProcessing
+    from transformers import BertConfig, BertModel
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = _word_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], 128, WORDS)
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))])
+    tokenizer.add_tokens([AddedToken(p, normalized=True) for p in COLBERT_PREFIXES])
+    _save_tokenizer(tokenizer, folder, 512, unk_token="[UNK]", pad_token="[MASK]", cls_token="[CLS]",
+                    sep_token="[SEP]", mask_token="[MASK]")
+    config = BertConfig(vocab_size=tokenizer.get_vocab_size(with_added_tokens=True), hidden_size=64,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    dense = torch.nn.Linear(64, dim, bias=False)
+    for module in (model, dense):
+        perturb_(module, seed)
+    model.save_pretrained(folder)
+    (folder / "1_Dense").mkdir(exist_ok=True)
+    save_file({"linear.weight": dense.weight.detach().contiguous()}, str(folder / "1_Dense" / "model.safetensors"))
+    files = {
+        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}],
+        "sentence_bert_config.json": {"max_seq_length": document_length - 1, "do_lower_case": False},
+        "1_Dense/config.json": {"in_features": 64, "out_features": dim, "bias": False,
+                                "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False},
+        "config_sentence_transformers.json": {
+            "prompts": {"query": "", "document": ""}, "default_prompt_name": None, "similarity_fn_name": "MaxSim",
+            "query_prefix": COLBERT_PREFIXES[0], "document_prefix": COLBERT_PREFIXES[1], "query_length": query_length,
+            "document_length": document_length, "attend_to_expansion_tokens": attend_to_expansion_tokens,
+            "skiplist_words": list(string.punctuation), "do_query_expansion": do_query_expansion}}
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content, indent=2))
+    return folder

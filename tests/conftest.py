@@ -13,6 +13,7 @@ from rose_wire import RERANKER, served_models
 
 MULTI_EMBEDDER, MULTI_RERANKER = "qwen3-embedder", "qwen3-reranker"  # multi_server's models served by name
 MULTI_RETRIEVAL = "bge-m3-tiny"  # multi_server's random-weight BGE-M3 (testing/tiny_retrieval.py)
+MULTI_COLBERT = "colbert-tiny"  # and its random-weight ColBERT (PyLate's layout)
 
 # Gateways started by the tests run one worker, whatever the CPU count (bounds and metrics stay
 # those the tests set); tests/unit/gateway/test_gateway_workers.py runs two.
@@ -123,7 +124,7 @@ def multi_server(tmp_path_factory, session_servers):
     waits for the restart."""
     from testing.qwen3_embedder import save_qwen3_embedder
     from testing.tiny_rerankers import save_reranker
-    from testing.tiny_retrieval import save_bge_m3
+    from testing.tiny_retrieval import save_bge_m3, save_colbert
 
     folder = tmp_path_factory.mktemp("multi")
     (folder / "qwen3_embedder").mkdir()
@@ -133,15 +134,17 @@ def multi_server(tmp_path_factory, session_servers):
     save_reranker("qwen3", reranker)
     models_file = folder / "models.json"
     save_bge_m3(folder / "bge_m3")
+    save_colbert(folder / "colbert")
     models_file.write_text(json.dumps({"embedders": {MULTI_EMBEDDER: {
         "model_dir": "qwen3_embedder", "max_batch_tokens": 4096, "max_batch_sequences": 64},
-        MULTI_RETRIEVAL: {"model_dir": "bge_m3"}}}))
+        MULTI_RETRIEVAL: {"model_dir": "bge_m3"}, MULTI_COLBERT: {"model_dir": "colbert"}}}))
     instance = TritonServer(folder / "server.log", gateway=True,
                             serve_args=["--models-file", str(models_file),
                                         "--rerank-model", f"{MULTI_RERANKER}={reranker}"])
     instance.embedder, instance.reranker_folder, instance.models_file = embedder, reranker, models_file
     instance.embedder_name, instance.reranker_name = MULTI_EMBEDDER, MULTI_RERANKER
     instance.retrieval_name, instance.retrieval_folder = MULTI_RETRIEVAL, folder / "bge_m3"
+    instance.colbert_name, instance.colbert_folder = MULTI_COLBERT, folder / "colbert"
     instance.rerank_models = served_models(MULTI_RERANKER, RERANKER)
     session_servers.append(instance)
     return instance

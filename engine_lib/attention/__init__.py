@@ -34,7 +34,11 @@ class AttentionBackend(Protocol):
     supports_graphs: bool
     graph_keys_max_seqlen: bool  # graphs are also keyed by a max_seqlen bucket (the launch grid depends on it)
 
-    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> Any: ...
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device,
+             key_lens: np.ndarray | None = None) -> Any:
+        """`key_lens` [num_seqs] (eager only): sequence i's tokens attend to its first key_lens[i] tokens
+        only (ColBERT's query expansion); flashinfer refuses it."""
+        ...
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int) -> Any: ...
 
@@ -76,12 +80,18 @@ def auto_backend_name(device: torch.device, dtype: torch.dtype, shape: Attention
     return "sdpa"
 
 
-def select_backend(name: str, device: torch.device, dtype: torch.dtype, shape: AttentionShape) -> AttentionBackend:
-    """The backend `name` asks for (`auto`: the rule above), or a ValueError saying why not."""
+def select_backend(name: str, device: torch.device, dtype: torch.dtype, shape: AttentionShape,
+                   key_lens: bool = False) -> AttentionBackend:
+    """The backend `name` asks for (`auto`: the rule above; with `key_lens`, a model that needs them,
+    never flashinfer), or a ValueError saying why not."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention_backend {name!r}; available: {', '.join(BACKENDS)}")
     if name == "auto":
         name = auto_backend_name(device, dtype, shape)
+        name = "sdpa" if key_lens and name == "flashinfer" else name
+    if key_lens and name == "flashinfer":
+        raise ValueError("attention_backend=flashinfer cannot mask ColBERT's query expansion tokens "
+                         "(attend_to_expansion_tokens false); use sdpa, masked or varlen")
     if name == "sdpa":
         return SdpaBackend(causal=shape.causal)
     if name == "masked":

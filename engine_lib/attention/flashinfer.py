@@ -52,7 +52,11 @@ class FlashInferBackend:
         wrapper.plan(indptr, indptr, self.shape.num_heads, self.shape.num_kv_heads, self.shape.head_dim,
                      causal=self.shape.causal, q_data_type=self.dtype)
 
-    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> _Slot:
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device,
+             key_lens: np.ndarray | None = None) -> _Slot:
+        if key_lens is not None:
+            raise ValueError("the flashinfer backend does not take key_lens (ColBERT's query expansion); "
+                             "use attention_backend sdpa, masked or varlen")
         slot = self._ring[self._next]
         self._next = (self._next + 1) % RING
         slot.replan(self, cu_seqlens)

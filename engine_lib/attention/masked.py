@@ -28,6 +28,7 @@ def token_seq_ids(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
 @dataclass(frozen=True)
 class MaskedPlan:
     seq_ids: torch.Tensor  # [num_tokens] int64 on the device
+    keys: torch.Tensor | None = None  # [num_tokens] bool: the token is a key (key_lens); None = all are
 
 
 class MaskedSdpaBackend:
@@ -38,9 +39,17 @@ class MaskedSdpaBackend:
     def __init__(self, causal: bool):
         self.causal = causal
 
-    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> MaskedPlan:
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device,
+             key_lens: np.ndarray | None = None) -> MaskedPlan:
+        """`key_lens`: sequence i's tokens attend to its first key_lens[i] tokens only."""
         seq_ids = token_seq_ids(cu_seqlens, int(cu_seqlens[-1]))
-        return MaskedPlan(host_tensor(seq_ids, device).to(device, non_blocking=True))
+        keys = None
+        if key_lens is not None:
+            lens = np.diff(cu_seqlens).astype(np.int64)
+            positions = np.arange(len(seq_ids)) - np.repeat(cu_seqlens[:-1].astype(np.int64), lens)
+            keys = host_tensor(positions < np.repeat(np.asarray(key_lens, dtype=np.int64), lens), device)
+            keys = keys.to(device, non_blocking=True)
+        return MaskedPlan(host_tensor(seq_ids, device).to(device, non_blocking=True), keys)
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int) -> MaskedPlan:
         return MaskedPlan(torch.full((num_tokens,), PAD_SEQ_ID, dtype=torch.int64, device=device))
@@ -51,6 +60,8 @@ class MaskedSdpaBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: MaskedPlan) -> torch.Tensor:
         mask = plan.seq_ids[:, None] == plan.seq_ids[None, :]  # [num_tokens, num_tokens]
+        if plan.keys is not None:
+            mask = mask & plan.keys[None, :]
         if self.causal:
             mask = mask.tril()
         # [num_tokens, heads, dim] -> [1, heads, num_tokens, dim]

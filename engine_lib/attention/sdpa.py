@@ -3,6 +3,7 @@
 Sequences of equal length are gathered into one dense [group, heads, len, dim]
 call; no token is ever padded and no cross-sequence mask is materialised. The
 plan's shapes depend on the batch's lengths, so this backend runs eagerly only.
+With `key_lens`, sequence i's tokens attend to its first key_lens[i] tokens only (grouped by both).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from engine_lib.device.lazy_tensor import host_tensor
 @dataclass(frozen=True)
 class SdpaPlan:
     groups: tuple[torch.Tensor, ...]  # each [num_seqs_in_group, seq_len] token indices
+    key_lens: tuple[int, ...] = ()    # per group: keys are the first key_len tokens (); () = all
 
 
 class SdpaBackend:
@@ -28,15 +30,18 @@ class SdpaBackend:
     def __init__(self, causal: bool):
         self.causal = causal
 
-    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> SdpaPlan:
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device,
+             key_lens: np.ndarray | None = None) -> SdpaPlan:
         starts = cu_seqlens[:-1].astype(np.int64)
         lens = np.diff(cu_seqlens).astype(np.int64)
-        groups = []
-        for length in np.unique(lens):
-            group_starts = starts[lens == length]
+        keys = lens if key_lens is None else np.asarray(key_lens, dtype=np.int64)
+        groups, group_keys = [], []
+        for length, key_len in np.unique(np.stack([lens, keys], axis=1), axis=0):
+            group_starts = starts[(lens == length) & (keys == key_len)]
             index = group_starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
             groups.append(host_tensor(index, device).to(device, non_blocking=True))
-        return SdpaPlan(tuple(groups))
+            group_keys.append(int(key_len))
+        return SdpaPlan(tuple(groups), () if key_lens is None else tuple(group_keys))
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int):
         raise NotImplementedError("the sdpa backend's plan depends on sequence lengths; it cannot be graphed")
@@ -46,6 +51,8 @@ class SdpaBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
+        if plan.key_lens:
+            return self._forward_key_lens(q, k, v, plan, gqa)
         if len(plan.groups) == 1:
             # Every sequence has the same length and they are packed in order: a view, no gather/scatter.
             num_seqs, length = plan.groups[0].shape
@@ -56,6 +63,15 @@ class SdpaBackend:
         for index in plan.groups:
             # [group, len, heads, dim] -> [group, heads, len, dim]
             qg, kg, vg = (t[index].transpose(1, 2) for t in (q, k, v))
+            og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=self.causal, enable_gqa=gqa)
+            out[index] = og.transpose(1, 2)
+        return out
+
+    def _forward_key_lens(self, q, k, v, plan: SdpaPlan, gqa: bool) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for index, key_len in zip(plan.groups, plan.key_lens):
+            keys = index[:, :key_len]
+            qg, kg, vg = (t[i].transpose(1, 2) for t, i in ((q, index), (k, keys), (v, keys)))
             og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=self.causal, enable_gqa=gqa)
             out[index] = og.transpose(1, 2)
         return out

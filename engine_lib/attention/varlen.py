@@ -35,6 +35,10 @@ def varlen_available(device: torch.device) -> bool:
 class VarlenPlan:
     cu_seqlens: torch.Tensor  # [num_seqs + 1] int32 on the device
     max_seqlen: int           # an upper bound is fine: it only sizes the launch grid
+    # key_lens (eager only): the key tokens' indices, their cu_seqlens and longest run; None = every token
+    key_index: torch.Tensor | None = None
+    cu_keys: torch.Tensor | None = None
+    max_keys: int = 0
 
 
 class VarlenBackend:
@@ -54,9 +58,18 @@ class VarlenBackend:
             self._kwargs["is_causal"] = True
         self._native_gqa = "enable_gqa" in params
 
-    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device) -> VarlenPlan:
+    def plan(self, cu_seqlens: np.ndarray, max_seqlen: int, device: torch.device,
+             key_lens: np.ndarray | None = None) -> VarlenPlan:
+        """`key_lens`: sequence i's tokens attend to its first key_lens[i] tokens only (UNVERIFIED on a GPU)."""
         cu = host_tensor(cu_seqlens.astype(np.int32, copy=False), device).to(device, non_blocking=True)
-        return VarlenPlan(cu, int(max_seqlen))
+        if key_lens is None:
+            return VarlenPlan(cu, int(max_seqlen))
+        key_lens = np.asarray(key_lens, dtype=np.int64)
+        starts = cu_seqlens[:-1].astype(np.int64)
+        index = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, key_lens)])
+        cu_keys = np.concatenate([[0], np.cumsum(key_lens)]).astype(np.int32)
+        return VarlenPlan(cu, int(max_seqlen), host_tensor(index, device).to(device, non_blocking=True),
+                          host_tensor(cu_keys, device).to(device, non_blocking=True), int(key_lens.max()))
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int) -> VarlenPlan:
         # max_seqlen is the graph's bucket (>= every batch it replays): it sizes the launch grid.
@@ -72,4 +85,7 @@ class VarlenBackend:
         kwargs = self._kwargs
         if q.shape[1] != k.shape[1] and self._native_gqa:
             kwargs = {**kwargs, "enable_gqa": True}
+        if plan.key_index is not None:
+            k, v = k.index_select(0, plan.key_index), v.index_select(0, plan.key_index)
+            return self._attn(q, k, v, plan.cu_seqlens, plan.cu_keys, plan.max_seqlen, plan.max_keys, **kwargs)
         return self._attn(q, k, v, plan.cu_seqlens, plan.cu_seqlens, plan.max_seqlen, plan.max_seqlen, **kwargs)

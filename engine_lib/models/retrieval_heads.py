@@ -6,6 +6,9 @@ runner turns them into one `TextOutputs` per sequence (runner/ragged_outputs.py)
 """
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,7 +17,7 @@ from engine_lib.model_folder import ModelFolder
 from engine_lib.models.fused import ACTIVATIONS
 from engine_lib.models.loader import read_tensors
 from engine_lib.models.pooling import pool
-from engine_lib.retrieval import BGE_M3, SPLADE, SpladeConfig
+from engine_lib.retrieval import BGE_M3, COLBERT, SPLADE, SpladeConfig
 
 # SPLADE: MLM logits of at most this many elements exist at once (tokens x vocabulary, chunked over
 # tokens): 16 Mi elements is 64 MiB in fp32, whatever the batch.
@@ -137,9 +140,75 @@ class SpladeHead(nn.Module):
         return {"rows": rows, "cols": cols, "values": pooled[rows, cols]}
 
 
+# sentence-transformers' Dense activation_function names -> the function
+DENSE_ACTIVATIONS = {"torch.nn.modules.linear.Identity": lambda x: x, "torch.nn.modules.activation.Tanh": torch.tanh}
+
+
+class ColbertHead(nn.Module):
+    """ColBERT as PyLate saves it: the Dense modules of modules.json in order (sentence-transformers'
+    folders: config.json + model.safetensors or pytorch_model.bin with `linear.weight`/`linear.bias`),
+    then every token vector normalised; the runner keeps a query's tokens all, a document's but the
+    skiplist's (runner/ragged_outputs.py)."""
+
+    ragged = True
+    activation = None
+
+    def __init__(self, folder: ModelFolder):
+        super().__init__()
+        self._paths, activations, linears = [], [], []
+        width = folder.config["hidden_size"]
+        with open(folder.file("modules.json")) as f:
+            modules = json.load(f)
+        for module in modules:
+            if not module.get("type", "").endswith("Dense"):
+                continue
+            path = os.path.join(folder.path, module.get("path", ""))
+            with open(os.path.join(path, "config.json")) as f:
+                config = json.load(f)
+            name = config.get("activation_function", "torch.nn.modules.linear.Identity")
+            if name not in DENSE_ACTIVATIONS or config.get("use_residual"):
+                raise ValueError(f"{path}/config.json: a Dense module with activation {name!r} and use_residual "
+                                 f"{config.get('use_residual', False)} is not supported (supported: "
+                                 f"{sorted(DENSE_ACTIVATIONS)}, no residual)")
+            if config["in_features"] != width:
+                raise ValueError(f"{path}/config.json: in_features {config['in_features']}, the previous module "
+                                 f"gives {width}")
+            linears.append(nn.Linear(width, config["out_features"], bias=config.get("bias", True)))
+            activations.append(DENSE_ACTIVATIONS[name])
+            self._paths.append(path)
+            width = config["out_features"]
+        if not linears:
+            raise ValueError(f"{folder.file('modules.json')}: a ColBERT folder needs a Dense projection module")
+        self.linears, self._activations = nn.ModuleList(linears), activations
+        self.output_dim = self.multivector_dim = width
+
+    def load(self, weight_files: list[str]) -> None:
+        for linear, path in zip(self.linears, self._paths):
+            file = os.path.join(path, "model.safetensors")
+            if os.path.isfile(file):
+                state = read_tensors([file], ["linear.weight", "linear.bias"])
+            else:
+                state = _load_pt(os.path.join(path, "pytorch_model.bin"))
+            for name, param in (("weight", linear.weight), ("bias", linear.bias)):
+                if param is None:
+                    continue
+                tensor = state.get(f"linear.{name}")
+                if tensor is None or tensor.shape != param.shape:
+                    raise ValueError(f"{path}: linear.{name} is missing or not of shape {tuple(param.shape)}")
+                with torch.no_grad():
+                    param.copy_(tensor)
+
+    def forward(self, hidden, cu_seqlens, seq_ids) -> dict[str, torch.Tensor]:
+        for linear, activation in zip(self.linears, self._activations):
+            hidden = activation(linear(hidden))
+        return {"multivector": F.normalize(hidden.float(), dim=-1)}
+
+
 def build_retrieval_head(kind: str, folder: ModelFolder) -> nn.Module:
     if kind == BGE_M3:
         return M3Head(folder)
     if kind == SPLADE:
         return SpladeHead(folder)
+    if kind == COLBERT:
+        return ColbertHead(folder)
     raise ValueError(f"unknown retrieval kind {kind!r}")

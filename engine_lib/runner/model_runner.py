@@ -17,12 +17,12 @@ from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, pack_linears,
 from engine_lib.models.heads import build_head
 from engine_lib.models.loader import allocate, load_weights
 from engine_lib.models.pooling import pool
-from engine_lib.retrieval import BGE_M3, ROW_DTYPE, retrieval_kind, special_token_ids
+from engine_lib.retrieval import BGE_M3, COLBERT, ROW_DTYPE, ColbertConfig, retrieval_kind, special_token_ids
 from engine_lib.runner import cpu_compile as compiler
 from engine_lib.runner import self_check as probes
 from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from engine_lib.runner.inputs import INPUT_IDS, POSITIONS, SEQ_IDS, TOKEN_TYPES, step_inputs
-from engine_lib.runner.ragged_outputs import RaggedResult, m3_rows, splade_rows
+from engine_lib.runner.ragged_outputs import RaggedResult, colbert_rows, expansion_key_lens, m3_rows, splade_rows
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,20 +95,27 @@ class ModelRunner:
         cfg = folder.config
         cls = model_class(cfg)
         self.attention_shape = AttentionShape.from_config(cfg, cls.is_causal(cfg))
-        self.backend = select_backend(attention_backend, self.device, self.dtype, self.attention_shape)
+        # Retrieval kinds (engine_lib/retrieval.py): each row is one TextOutputs object; eager steps only.
+        self.retrieval_kind = retrieval_kind(folder) if task == "embed" else None
+        self.colbert = ColbertConfig.of(folder) if self.retrieval_kind == COLBERT else None
+        masks_expansion = self.colbert is not None and self.colbert.do_query_expansion and \
+            not self.colbert.attend_to_expansion_tokens
+        self.backend = select_backend(attention_backend, self.device, self.dtype, self.attention_shape,
+                                      key_lens=masks_expansion)
+        self._expansion_id = self.colbert.expansion_id if masks_expansion else None
         self.task = task
         self.vocab_size = cfg["vocab_size"]
         self.type_vocab_size = int(cfg.get("type_vocab_size", 1) or 1)
         self._cfg, self._cls, self._folder = cfg, cls, folder
         self.model, self.head = self._build_model(self.backend, self.dtype)
-        # Retrieval kinds (engine_lib/retrieval.py): each row is one TextOutputs object; eager steps only.
-        self.retrieval_kind = retrieval_kind(folder) if task == "embed" else None
         self.ragged = bool(getattr(self.head, "ragged", False))
         self.row_dtype = ROW_DTYPE if self.ragged else np.float32
         self.dense_dim = self.head.output_dim
         self.multivector_dim = getattr(self.head, "multivector_dim", 0)
         if self.retrieval_kind == BGE_M3:
             self._dropped_ids = np.asarray(special_token_ids(folder), dtype=np.int64)
+        if self.colbert is not None:
+            self._dropped_ids = np.asarray(self.colbert.skiplist_ids, dtype=np.int64)
         self.cpu_linear = "onednn" if use_onednn(cpu_linear, self.device, self.dtype) else "plain"
         self.packed_layers = 0
         if self.cpu_linear == "onednn":  # auto: only the layers large enough to gain (cpu_linear.py)
@@ -232,7 +239,9 @@ class ModelRunner:
 
     def forward_eager(self, batch: PackedBatch) -> torch.Tensor:
         inputs = step_inputs(batch, self.device)
-        plan = self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device)
+        key_lens = None if self._expansion_id is None else expansion_key_lens(batch, self._expansion_id)
+        plan = (self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device) if key_lens is None else
+                self.backend.plan(batch.cu_seqlens, batch.max_seqlen, self.device, key_lens=key_lens))
         return self._forward_static(inputs.token_data, inputs.cu_seqlens, plan)
 
     @torch.inference_mode()
@@ -254,4 +263,6 @@ class ModelRunner:
         """host outputs -> list[TextOutputs] for `batch` (runner/ragged_outputs.py)."""
         if self.retrieval_kind == BGE_M3:
             return lambda host: m3_rows(host, batch, self._dropped_ids)
+        if self.retrieval_kind == COLBERT:
+            return lambda host: colbert_rows(host, batch, self._dropped_ids)
         return lambda host: splade_rows(host, batch)

@@ -25,6 +25,33 @@ def m3_rows(out: dict[str, np.ndarray], batch: PackedBatch, dropped_ids: np.ndar
     return rows
 
 
+def colbert_rows(out: dict[str, np.ndarray], batch: PackedBatch, skiplist_ids: np.ndarray) -> list[TextOutputs]:
+    """A query's token vectors all (its expansion included), a document's but those of skiplist tokens."""
+    cu = batch.cu_seqlens.astype(np.int64)
+    rows = []
+    for i in range(batch.num_seqs):
+        vectors = out["multivector"][cu[i]:cu[i + 1]]
+        if batch.queries is None or not batch.queries[i]:
+            vectors = vectors[~np.isin(batch.input_ids[cu[i]:cu[i + 1]], skiplist_ids)]
+        rows.append(TextOutputs(multivector=vectors))
+    return rows
+
+
+def expansion_key_lens(batch: PackedBatch, expansion_id: int) -> np.ndarray | None:
+    """Keys per sequence when no token attends to a query's expansion (PyLate's attention mask with
+    attend_to_expansion_tokens false): a query's tokens before its trailing expansion tokens (the
+    tokenizer ends every text with its own special token, so a text's own tokens are never trailing)."""
+    if batch.queries is None:
+        return None
+    cu = batch.cu_seqlens.astype(np.int64)
+    key_lens = np.diff(cu)
+    for i in np.flatnonzero(batch.queries):
+        ids = batch.input_ids[cu[i]:cu[i + 1]]
+        own = np.flatnonzero(ids != expansion_id)
+        key_lens[i] = own[-1] + 1 if len(own) else len(ids)
+    return key_lens
+
+
 def splade_rows(out: dict[str, np.ndarray], batch: PackedBatch) -> list[TextOutputs]:
     bounds = np.searchsorted(out["rows"], np.arange(batch.num_seqs + 1))
     return [TextOutputs(sparse_indices=out["cols"][a:b].astype(np.int64), sparse_values=out["values"][a:b])

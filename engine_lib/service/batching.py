@@ -91,7 +91,10 @@ def gather(scheduled: list[ScheduledSequence], requests: list[_PooledRequest]) -
     if any(r.tokens.token_types is not None for r, _, _ in runs):
         token_types = _join([np.zeros(b - a, dtype=np.int64) if r.tokens.token_types is None
                              else r.tokens.token_types[a:b] for r, a, b in runs])
-    return PackedBatch.from_flat(input_ids, [s.num_tokens for s in scheduled], token_types)
+    queries = np.fromiter((getattr(r.tokens.options, "input_type", "") == "query" for r in requests),
+                          dtype=bool, count=len(requests))
+    return PackedBatch.from_flat(input_ids, [s.num_tokens for s in scheduled], token_types,
+                                 queries if queries.any() else None)
 
 
 def _join(slices: list[np.ndarray]) -> np.ndarray:

@@ -12,7 +12,9 @@ from typing import Sequence
 import numpy as np
 
 from engine_lib.errors import InputError
+from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions, RerankOptions, parse_embedding_types
+from engine_lib.retrieval import OFFERED, retrieval_kind
 from engine_lib.service.quantize import pack_signs, quantize_scalar
 from rose_wire import EMBEDDINGS, OUTPUT_OF_TYPE, OUTPUTS_OF_RAGGED_TYPE, SCORES
 
@@ -22,27 +24,40 @@ TYPE_OF_RAGGED_OUTPUT = {name: kind for kind, names in OUTPUTS_OF_RAGGED_TYPE.it
 CALIBRATED_TYPES = ("int8", "uint8", "int8_ranges")  # need the model's calibrated ranges
 
 
-def select_outputs(declared: Sequence[str], requested: Sequence[str], from_parameter: Sequence[str]) -> list[str]:
+def select_outputs(declared: Sequence[str], requested: Sequence[str], from_parameter: Sequence[str],
+                   default: Sequence[str] = ()) -> list[str]:
     """The outputs a request gets, in `declared` order. Outputs the client named (requested
     outputs) are what Triton passes back to it, so they decide. When every declared output is
     requested, none was named: Triton requests them all then, and an ensemble asks its steps for
     all their mapped outputs whatever its client named; the parameter `embedding_types`
-    (`from_parameter`, tensor names) decides, else the first declared output (EMBEDDINGS, SCORES)."""
+    (`from_parameter`, tensor names) decides, else `default` (the model's default type's outputs), else
+    the first declared output (EMBEDDINGS, SCORES)."""
     if requested and set(requested) != set(declared):
         wanted = set(requested)
     else:
         wanted = set(from_parameter)
-    return [n for n in declared if n in wanted] or list(declared[:1])
+    return [n for n in declared if n in wanted] or [n for n in declared if n in default] or list(declared[:1])
 
 
-def requested_outputs(parameters: dict | str | None, requested: Sequence[str], declared: Sequence[str]) -> list[str]:
+def _type_outputs(kind: str) -> tuple[str, ...]:
+    return OUTPUTS_OF_RAGGED_TYPE.get(kind, (OUTPUT_OF_TYPE.get(kind),))
+
+
+def requested_outputs(parameters: dict | str | None, requested: Sequence[str], declared: Sequence[str],
+                      default: Sequence[str] = ()) -> list[str]:
     """select_outputs from a request's raw parameters (the unary fronts: the BLS call's outputs)."""
     if isinstance(parameters, dict) and EMBEDDINGS in declared:
-        named = [name for t in parse_embedding_types(parameters.get("embedding_types"))
-                 for name in OUTPUTS_OF_RAGGED_TYPE.get(t, (OUTPUT_OF_TYPE.get(t),))]
+        named = [name for t in parse_embedding_types(parameters.get("embedding_types")) for name in _type_outputs(t)]
     else:
         named = []
-    return select_outputs(declared, requested, named)
+    return select_outputs(declared, requested, named, default)
+
+
+def default_outputs(model_dir: str, declared: Sequence[str]) -> tuple[str, ...]:
+    """What a unary front asks its encoder for when the client names no output nor type: the outputs of
+    the model's default type (a SPLADE or ColBERT model gives no EMBEDDINGS); () = the first declared."""
+    kind = retrieval_kind(ModelFolder.open(model_dir)) if EMBEDDINGS in declared else None
+    return _type_outputs(OFFERED[kind][0]) if kind else ()
 
 
 def pool_windows(rows: np.ndarray, seq_lens: Sequence[int], windows: np.ndarray) -> np.ndarray:

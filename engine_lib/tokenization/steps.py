@@ -15,7 +15,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
-from engine_lib.tokenization.text import TextTokenizer
+from engine_lib.tokenization.colbert import text_tokenizer
 from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 Tensors = Mapping[str, "np.ndarray | None"]
@@ -46,7 +46,7 @@ class TextStep:
     inputs = (TEXT,)
 
     def __init__(self, config: TokenizerConfig):
-        self.tokenizer = TextTokenizer(config.model_dir, config)
+        self.tokenizer = text_tokenizer(config.model_dir, config)
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
         result = self.many([(tensors, parameters)])[0]

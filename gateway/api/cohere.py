@@ -9,10 +9,10 @@ from its start, END from its end; default END). Response: `id`, `embeddings` key
 type, `texts`, `meta.billed_units.input_tokens`. Images, `inputs`, `max_tokens` and
 `priority` are refused by name (400). Errors are the gateway's (OpenAI's error JSON).
 
-Retrieval models (engine_lib/retrieval.py: BGE-M3, SPLADE) also give `sparse` (`embeddings.sparse`:
+Retrieval models (engine_lib/retrieval.py: BGE-M3, SPLADE, ColBERT) also give `sparse` (`embeddings.sparse`:
 `{"indices", "values"}` per text, indices ascending; `sparse_top_k` keeps each text's largest weights)
 and `multivector` (`embeddings.multivector`: a list of token vectors per text), several types in one
-encoder call. A type the model cannot give is a 400 naming the model and the type; a multi-vector
+encoder call (a ColBERT model: `multivector` only, `input_type` search_query for queries). A type the model cannot give is a 400 naming the model and the type; a multi-vector
 request over MAX_MULTIVECTOR_TOKENS tokens is a 413 (each token is a D-float vector in the answer).
 """
 from __future__ import annotations
@@ -78,7 +78,8 @@ async def embed(gateway: Gateway, request: Request) -> Response:
                         f"request (each token is a vector in the answer): send fewer texts", "texts")
     if any(t in RAGGED_TYPES for t in types) or offered_types(route.tokenizer.model_dir) is not None:
         parameters = {k: v for k, v in (("dimensions", req.options.dimensions),
-                                        ("sparse_top_k", req.options.sparse_top_k)) if v}
+                                        ("sparse_top_k", req.options.sparse_top_k),
+                                        ("input_type", req.options.input_type)) if v}
         job = embed_retrieval(gateway.backend, encoded, types, parameters, route.encoder)
     else:
         job = gateway.backend.embed_types(encoded, types, req.options.dimensions, route.encoder)

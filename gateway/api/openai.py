@@ -29,13 +29,13 @@ from engine_lib.options import (
     check_priority,
     default_priority,
 )
-from engine_lib.retrieval import MULTIVECTOR
+from engine_lib.retrieval import COLBERT, MULTIVECTOR
 from engine_lib.tokenization.text_input import TextLimits, check_texts
 from rose_wire import ROSE_ENCODER
 
 from ..batch import uploads
 from ..batch.store import BatchStore
-from ..engine.retrieval_calls import embed_retrieval, late_interaction_scores, offered_types
+from ..engine.retrieval_calls import embed_retrieval, kind_of, late_interaction_scores, offered_types
 from ..engine.tokenizing import GatewayTokenizer
 from ..errors import ApiError, bad_request, from_input_error, too_large
 from ..http.plumbing import Gateway, json_response
@@ -88,10 +88,16 @@ def offered_types_of(gateway: Gateway, model: str) -> tuple[str, ...] | None:
 
 
 async def _rerank_late_interaction(gateway: Gateway, request: Request, body: dict, route) -> Response:
-    """/v1/rerank on a multi-vector embedder (BGE-M3): the query and documents embedded in one call,
-    scored here with MaxSim, or with `weights` [dense, sparse, multivector] as FlagEmbedding's compute_score."""
+    """/v1/rerank on a multi-vector embedder. BGE-M3: the query and documents embedded in one call,
+    scored here with MaxSim, or with `weights` [dense, sparse, multivector] as FlagEmbedding's compute_score.
+    ColBERT: the query embedded as a query, the documents as documents, MaxSim summed as PyLate's."""
     body = dict(body)
     weights = body.pop("weights", None)
+    if kind_of(route.tokenizer.model_dir) == COLBERT:
+        if weights is not None:
+            raise bad_request("'weights' combines BGE-M3's dense, sparse and multi-vector scores; a colbert model "
+                              "has multi-vectors only", "weights")
+        return await _rerank_colbert(gateway, request, body, route)
     if weights is not None and (not isinstance(weights, list) or len(weights) != 3 or not all(
             isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights) or not sum(weights)):
         raise bad_request(f"'weights' must be [dense, sparse, multivector]: 3 numbers >= 0, not all 0; got {weights!r}",
@@ -105,6 +111,23 @@ async def _rerank_late_interaction(gateway: Gateway, request: Request, body: dic
                                      int(encoded.seq_lens.sum()), "documents")
     gateway.metrics.inputs.labels("rerank").inc(len(req.documents))
     return json_response(render_rerank(req, late_interaction_scores(outputs, weights), route.name))
+
+
+async def _rerank_colbert(gateway: Gateway, request: Request, body: dict, route) -> Response:
+    req = parse_rerank_request(body, route.tokenizer.config)
+    gateway.require_ready(route.encoder)
+    parts = [route.tokenizer.encode_texts(texts, RequestOptions(input_type=role))
+             for texts, role in (([req.query], "query"), (req.documents, "document"))]
+
+    async def both():  # a coroutine: dispatch closes it unstarted when it refuses the request
+        return await asyncio.gather(*(embed_retrieval(gateway.backend, tokens, [MULTIVECTOR], {"input_type": role},
+                                                      route.encoder) for tokens, role in zip(parts, ("query", "document"))))
+
+    num_tokens = sum(int(t.seq_lens.sum()) for t in parts)
+    query, documents = await gateway.dispatch(request, both(), num_tokens, "documents")
+    gateway.metrics.inputs.labels("rerank").inc(len(req.documents))
+    scores = late_interaction_scores({MULTIVECTOR: query[MULTIVECTOR] + documents[MULTIVECTOR]}, None, reduce="sum")
+    return json_response(render_rerank(req, scores, route.name))
 
 
 async def _encode(gateway: Gateway, req: EmbeddingRequest, tokenizer: GatewayTokenizer) -> RaggedTokens:

@@ -21,9 +21,14 @@ from rose_wire import EMBEDDINGS, INPUT_IDS, MULTIVECTOR, MULTIVECTOR_COUNTS, SE
 
 
 @functools.lru_cache(maxsize=None)
+def kind_of(model_dir: str) -> str | None:
+    """The retrieval kind of a model folder (engine_lib/retrieval.py), None for a dense embedder."""
+    return retrieval_kind(ModelFolder.open(model_dir))
+
+
 def offered_types(model_dir: str) -> tuple[str, ...] | None:
     """The embedding types a retrieval model gives (engine_lib/retrieval.py), None for a dense embedder."""
-    kind = retrieval_kind(ModelFolder.open(model_dir))
+    kind = kind_of(model_dir)
     return OFFERED[kind] if kind else None
 
 
@@ -38,7 +43,8 @@ def _check(part: dict[str, np.ndarray], num_texts: int) -> None:
 
 async def embed_retrieval(backend, tokens: RaggedTokens, types: list[str], parameters: dict, encoder: str) -> dict:
     """-> {"float": [N, D] array, "sparse": [(indices, values)] per text, "multivector": [[T, D] array] per
-    text} for `types` (engine_lib.retrieval names); `parameters`: the encoder's (dimensions, sparse_top_k)."""
+    text} for `types` (engine_lib.retrieval names); `parameters`: the encoder's (dimensions, sparse_top_k,
+    input_type: a ColBERT model encodes queries and documents differently)."""
     names = tuple(n for t in types for n in TENSORS_OF_TYPE[t])
     parameters = {**parameters, "embedding_types": ",".join(types)}
     chunks = plan_chunks(tokens.seq_lens.tolist(), backend.config.max_chunk_tokens, backend.config.max_chunk_texts)
@@ -63,14 +69,15 @@ async def embed_retrieval(backend, tokens: RaggedTokens, types: list[str], param
     return out
 
 
-def late_interaction_scores(outputs: dict, weights: list[float] | None) -> np.ndarray:
+def late_interaction_scores(outputs: dict, weights: list[float] | None, reduce: str = "mean") -> np.ndarray:
     """Scores of texts 1.. (documents) against text 0 (the query) from embed_retrieval's `outputs`, as
     FlagEmbedding's BGE-M3 compute_score makes them: MaxSim (the mean over the query's token vectors of
-    their best dot product with the document's); with `weights` [dense, sparse, multivector], the
-    weighted mean of the dense dot product, the lexical score (the sum of shared tokens' weight
-    products) and MaxSim."""
+    their best dot product with the document's; `reduce` "sum": their sum, as PyLate's colbert_scores);
+    with `weights` [dense, sparse, multivector], the weighted mean of the dense dot product, the lexical
+    score (the sum of shared tokens' weight products) and MaxSim."""
     query, documents = outputs["multivector"][0], outputs["multivector"][1:]
-    maxsim = np.array([(query.astype(np.float64) @ d.T).max(1).mean() for d in documents])
+    best = [(query.astype(np.float64) @ d.T).max(1) for d in documents]
+    maxsim = np.array([b.sum() if reduce == "sum" else b.mean() for b in best])
     if weights is None:
         return maxsim
     dense = outputs["float"][1:].astype(np.float64) @ outputs["float"][0].astype(np.float64)

@@ -18,7 +18,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
-from engine_lib.tokenization.text import TextTokenizer
+from engine_lib.tokenization.colbert import text_tokenizer
 from engine_lib.tokenization.text_input import check_count, check_texts
 from rose_triton.parameters import config_from_pbtxt
 
@@ -42,7 +42,7 @@ class GatewayTokenizer:
             self.config = config_from_pbtxt(TokenizerConfig, tokenizer_config, model_dir=model_dir or None)
         folder = ModelFolder.open(self.config.model_dir)
         self.model_dir = folder.path
-        self.text = TextTokenizer(folder, self.config)
+        self.text = text_tokenizer(folder, self.config)
         self.max_length = self.text.max_length
         vocab_size = folder.config.get("vocab_size")
         self.vocab_size = vocab_size if isinstance(vocab_size, int) else self.text.vocab_size()

@@ -66,14 +66,16 @@ def test_each_embedder_matches_its_reference_on_every_path(multi_server, embedde
 def test_models_lists_every_served_model(multi_server):
     with urllib.request.urlopen(f"{multi_server.gateway_url}/v1/models", timeout=10) as response:
         names = [m["id"] for m in json.load(response)["data"]]
-    assert names == [DEFAULT_NAME, multi_server.embedder_name, multi_server.retrieval_name, multi_server.reranker_name]
+    assert names == [DEFAULT_NAME, multi_server.embedder_name, multi_server.retrieval_name, multi_server.colbert_name,
+                     multi_server.reranker_name]
 
 
 def test_unknown_names_are_404_naming_the_served_ones(multi_server):
     server = multi_server
     status, body = post_gateway(server, "/v1/embeddings", {"model": "text-embedding-3-small", "input": "x"})
     assert status == 404 and body["error"]["param"] == "model", body
-    assert f"served: {[DEFAULT_NAME, server.embedder_name, server.retrieval_name]}" in body["error"]["message"]
+    served = [DEFAULT_NAME, server.embedder_name, server.retrieval_name, server.colbert_name]
+    assert f"served: {served}" in body["error"]["message"]
     status, body = post_gateway(server, "/v1/embeddings", {"model": server.reranker_name, "input": "x"})
     assert status == 404 and "it is a reranker" in body["error"]["message"], body
     status, body = post_gateway(server, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["d"]})

@@ -138,7 +138,8 @@ def test_gateway_rerank_endpoint_matches_reference(served):
     assert len(raw) == len(DOCS) and all("document" not in r for r in raw)
     np.testing.assert_allclose([r["relevance_score"] for r in sorted(raw, key=lambda r: r["index"])], logits,
                                rtol=1e-3, atol=1e-5)
-    embedders = ["all-MiniLM-L6-v2"] + ([] if kind == "bert" else [server.embedder_name, server.retrieval_name])
+    embedders = ["all-MiniLM-L6-v2"] + ([] if kind == "bert" else [server.embedder_name, server.retrieval_name,
+                                                                   server.colbert_name])
     with urllib.request.urlopen(f"{server.gateway_url}/v1/models", timeout=10) as response:
         assert [m["id"] for m in json.load(response)["data"]] == [*embedders, name]
 
@@ -310,7 +311,8 @@ def test_every_served_model_answers_the_watchdogs_probe(served):
         assert "--probe-rerank" not in command
         named, _ = watchdog.named_targets(command.split("--models-file ")[1].split()[0])
         assert set(named) == {server.embedder_name, server.embedder_name + "_embed", server.reranker_name,
-                              server.reranker_name + "_score", server.retrieval_name, server.retrieval_name + "_embed"}
+                              server.reranker_name + "_score", server.retrieval_name, server.retrieval_name + "_embed",
+                              server.colbert_name, server.colbert_name + "_embed"}
         probes = {**{m: watchdog.PROBES[m] for m in watchdog.served_models(rerank=False)}, **named}
     for model, body in probes.items():
         assert watchdog.probe(f"http://{server.http_url}", model, 60, body) == (watchdog.OK, ""), model

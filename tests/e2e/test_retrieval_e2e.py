@@ -167,3 +167,65 @@ def test_rerank_on_bge_m3_scores_maxsim_and_weighted_like_compute_score(multi_se
     status, body = post(server, "/v1/rerank", {"model": server.retrieval_name, "query": query,
                                                "documents": documents, "weights": [1, 1]})
     assert status == 400 and body["error"]["param"] == "weights", body
+
+
+COLBERT_TEXTS = ["what is the capital of france ?", "paris is the capital , paris !", "gravity"]
+
+
+def test_colbert_queries_and_documents_match_pylate_on_the_triton_paths(multi_server):
+    """multi_server's `colbert-tiny` (PyLate's layout): input_type query / document on the ensemble stream
+    and the unary front, against PyLate's encoding (testing/pylate_reference.py) on the same folder."""
+    from testing.pylate_reference import PylateColbert
+
+    server, reference = multi_server, PylateColbert(multi_server.colbert_folder)
+    models = served_models(server.colbert_name, EMBEDDER)
+    texts = np.array([t.encode() for t in COLBERT_TEXTS], dtype=object)
+    for input_type in ("query", "document"):
+        want = reference.encode(COLBERT_TEXTS, input_type == "query")
+        parameters = {"input_type": input_type, "embedding_types": "multivector"}
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            text = httpclient.InferInput(TEXT, [len(texts)], "BYTES")
+            text.set_data_from_numpy(texts)
+            unary_result = client.infer(models.front, [text], parameters=parameters,
+                                        outputs=[httpclient.InferRequestedOutput(n) for n in (MULTIVECTOR,
+                                                                                              MULTIVECTOR_COUNTS)])
+        finally:
+            client.close()
+        from testing.embed_clients import stream_outputs
+
+        paths = {"ensemble gRPC": stream_outputs(server.grpc_url, {TEXT: texts}, parameters=parameters,
+                                                 model=models.ensemble),
+                 "unary HTTP": {n: unary_result.as_numpy(n) for n in (MULTIVECTOR, MULTIVECTOR_COUNTS)}}
+        for path, got in paths.items():
+            for vectors, reference_vectors in zip(split_multivector(got), want, strict=True):
+                assert vectors.shape == reference_vectors.shape, (path, input_type)
+                assert cosine_rows(vectors, reference_vectors).min() >= 0.999, (path, input_type)
+
+
+def test_gateway_colbert_v2_embed_by_input_type_and_rerank_with_pylate_maxsim(multi_server):
+    from testing.pylate_reference import PylateColbert, colbert_scores
+
+    server, reference = multi_server, PylateColbert(multi_server.colbert_folder)
+    for input_type, is_query in (("search_query", True), ("search_document", False)):
+        status, body = post(server, "/v2/embed", {"model": server.colbert_name, "texts": COLBERT_TEXTS,
+                                                  "input_type": input_type, "embedding_types": ["multivector"]})
+        assert status == 200, body
+        for vectors, want in zip(body["embeddings"]["multivector"], reference.encode(COLBERT_TEXTS, is_query),
+                                 strict=True):
+            assert np.shape(vectors) == want.shape and cosine_rows(np.array(vectors), want).min() >= 0.999
+    query, documents = COLBERT_TEXTS[0], COLBERT_TEXTS[1:]
+    want = colbert_scores(reference.encode([query], True)[0], reference.encode(documents, False))
+    status, body = post(server, "/v1/rerank", {"model": server.colbert_name, "query": query, "documents": documents})
+    assert status == 200 and body["model"] == server.colbert_name, body
+    scores = [r["relevance_score"] for r in sorted(body["results"], key=lambda r: r["index"])]
+    np.testing.assert_allclose(scores, want, atol=1e-4)
+    status, body = post(server, "/v1/rerank", {"model": server.colbert_name, "query": query, "documents": documents,
+                                               "weights": [0.4, 0.2, 0.4]})
+    assert status == 400 and body["error"]["param"] == "weights", body
+    status, body = post(server, "/v2/embed", {"model": server.colbert_name, "texts": ["x"],
+                                              "embedding_types": ["float"]})
+    assert status == 400 and f"model {server.colbert_name!r} cannot give embedding type 'float'" in \
+        body["error"]["message"], body
+    status, body = post(server, "/v1/embeddings", {"model": server.colbert_name, "input": "x"})
+    assert status == 400 and "'float' is not given by this model (a colbert model" in body["error"]["message"], body

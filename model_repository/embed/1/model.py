@@ -13,7 +13,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.service.outputs import requested_outputs
+from engine_lib.service.outputs import default_outputs, requested_outputs
 from engine_lib.tokenization.steps import step_for_inputs
 from engine_lib.tracing import enabled as traces_enabled
 from rose_triton.errors import relayed_error, triton_error
@@ -36,8 +36,9 @@ class TritonPythonModel:
             self.config = config_from_parameters(FrontConfig, config_parameters(args))
             self.inputs, self.outputs = input_names(args), output_names(args)
             step = step_for_inputs(self.inputs)
-            self.tokenize = step(config_from_parameters(step.config_cls,
-                                                        sibling_parameters(args, self.config.tokenizer_model)))
+            tokenizer = config_from_parameters(step.config_cls, sibling_parameters(args, self.config.tokenizer_model))
+            self.tokenize = step(tokenizer)
+            self.default_outputs = default_outputs(tokenizer.model_dir, self.outputs)
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
 
@@ -57,7 +58,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             arrays[name] = None if tensor is None else tensor.as_numpy()
         tensors = self.tokenize(arrays, parameters)
-        wanted = requested_outputs(parameters, request.requested_output_names(), self.outputs)
+        wanted = requested_outputs(parameters, request.requested_output_names(), self.outputs, self.default_outputs)
         encoder = self.config.encoder_model
         bls = pb_utils.InferenceRequest(
             model_name=encoder, inputs=[pb_utils.Tensor(n, a) for n, a in tensors.items()],

@@ -42,6 +42,27 @@ def test_cpu_backends_match_per_sequence_reference(backend_cls, causal):
     torch.testing.assert_close(out, reference_attention(q, k, v, cu_seqlens, causal), atol=1e-5, rtol=1e-4)
 
 
+def key_lens_reference(q, k, v, cu_seqlens, key_lens):
+    """Per sequence: every token attends to the sequence's first key_lens[i] tokens."""
+    out = []
+    for start, end, n in zip(cu_seqlens[:-1], cu_seqlens[1:], key_lens):
+        qs = q[start:end].transpose(0, 1)
+        ks, vs = (t[start:start + n].transpose(0, 1) for t in (k, v))
+        out.append(F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True).transpose(0, 1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("backend_cls", [SdpaBackend, MaskedSdpaBackend])
+def test_key_lens_keep_each_sequence_to_its_first_keys(backend_cls):
+    """ColBERT's query expansion: tokens past key_lens[i] are no key of anyone (they still attend)."""
+    lengths, key_lens = [16, 5, 16, 16, 7], np.array([9, 5, 16, 9, 3])
+    q, k, v, cu_seqlens = ragged_qkv(lengths)
+    backend = backend_cls(causal=False)
+    out = backend.forward(q, k, v, backend.plan(cu_seqlens, max(lengths), torch.device("cpu"), key_lens=key_lens))
+    torch.testing.assert_close(out, key_lens_reference(q, k, v, cu_seqlens, key_lens), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(out, reference_attention(q, k, v, cu_seqlens, False), atol=1e-3)
+
+
 def test_causal_flag_changes_the_result():
     q, k, v, cu_seqlens = ragged_qkv([6, 9])
     plan = SdpaBackend(True).plan(cu_seqlens, 9, torch.device("cpu"))
@@ -131,3 +152,16 @@ def test_gpu_flashinfer_matches_reference():
     if not attention.flashinfer_available():
         pytest.skip("flashinfer-python is not installed")
     _gpu_agreement("flashinfer")
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_key_lens_match_reference():
+    device = torch.device("cuda")
+    if not attention.varlen_available(device):
+        pytest.skip("this torch has no FlashAttention varlen_attn for this GPU")
+    lengths, key_lens = [16, 5, 16, 7], np.array([9, 5, 16, 3])
+    q, k, v, cu_seqlens = ragged_qkv(lengths, head_dim=64, device="cuda", dtype=torch.bfloat16)
+    backend = select_backend("varlen", device, torch.bfloat16, AttentionShape(4, 2, 64, False), key_lens=True)
+    out = backend.forward(q, k, v, backend.plan(cu_seqlens, max(lengths), device, key_lens=key_lens)).float()
+    want = key_lens_reference(*(t.float() for t in (q, k, v)), cu_seqlens, key_lens)
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)

@@ -14,7 +14,7 @@ from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.service.batching import BatchingService
 from engine_lib.service.endpoint import Endpoint
 from engine_lib.service.retrieval_outputs import split_multivector, split_sparse
-from engine_lib.tokenization.text import TextTokenizer
+from engine_lib.tokenization.colbert import text_tokenizer
 from engine_lib.config import TokenizerConfig
 from rose_wire import EMBEDDINGS
 from testing.tiny_models import cosine_rows
@@ -34,13 +34,13 @@ _RUNNERS = {}
 
 
 def serve(folder, options: RequestOptions, texts=TEXTS):
-    """Every text through TextTokenizer -> Endpoint(BatchingService(ModelRunner)) (CPU, fp32): the answer tensors.
+    """Every text through the folder's tokenizer (text_tokenizer) -> Endpoint(BatchingService(ModelRunner)) (CPU, fp32): the answer tensors.
     A small token budget splits the texts over several batches."""
     if folder not in _RUNNERS:
         _RUNNERS[folder] = ModelRunner(str(folder), device="cpu", dtype="float32", cpu_linear="plain")
     endpoint = Endpoint(BatchingService(_RUNNERS[folder], max_batch_tokens=24, max_batch_sequences=8))
     options = endpoint.output.select(options, [], [])
-    tokens = TextTokenizer(str(folder), TokenizerConfig()).encode(texts, options)
+    tokens = text_tokenizer(str(folder), TokenizerConfig()).encode(texts, options)
     done, answer = threading.Event(), {}
 
     def on_done(result, error):
