@@ -20,9 +20,10 @@ refuses as invalid input, or that cannot be built or sent, is split: its chunks
 go back to the queue, each to run alone (no attempt counted), so one job's bad
 input fails that job only.
 
-Background jobs (`run(..., background=True)`: the gateway's batch jobs) never take a replica's
-last worker: with more than one worker per replica, one of them runs only foreground chunks,
-so a live request finds a free slot however long a background job is.
+Background jobs (`run(..., background=True)`: the gateway's batch jobs) take at most half of a
+replica's workers (at least one): the others run only foreground chunks, so live requests find
+free slots however long a background job is, and several live callers do not queue behind one
+slot while a job runs (`background_workers`).
 """
 from __future__ import annotations
 
@@ -112,6 +113,11 @@ def _foreground(task: Task) -> bool:
     return not task.job.background
 
 
+def background_workers(workers_per_replica: int) -> int:
+    """Workers of a replica that may take background chunks: half, rounded down, at least one."""
+    return max(1, workers_per_replica // 2)
+
+
 class AsyncDispatcher:
     """`await run(chunks, payload_of)` -> results in chunk order; raises JobFailed
     (`.last_error`: the last ReplicaError seen by the job, or None). With `on_result`,
@@ -132,7 +138,7 @@ class AsyncDispatcher:
         self._worker_urls: dict[asyncio.Task, str] = {}  # every running worker, draining ones too
         self._idle: dict[str, list[asyncio.Future]] = {}  # per replica: futures of workers waiting for work
         self._busy: set[asyncio.Task] = set()  # workers holding chunks
-        self._foreground_only: set[asyncio.Task] = set()  # one worker per replica: no background chunk
+        self._foreground_only: set[asyncio.Task] = set()  # workers that take no background chunk
         self.calls = 0  # calls answered by replicas
         self.merged_chunks = 0  # chunks answered in a call shared with other chunks
         self._started = False
@@ -158,8 +164,9 @@ class AsyncDispatcher:
             if url not in self._workers:
                 self.inflight.setdefault(url, 0)
                 self._workers[url] = set()
+                foreground_only = self.max_inflight_per_replica - background_workers(self.max_inflight_per_replica)
                 for i in range(self.max_inflight_per_replica):
-                    self._start_worker(url, foreground_only=i == 0 < self.max_inflight_per_replica - 1)
+                    self._start_worker(url, foreground_only=i < foreground_only)
         for url in [u for u in self._workers if u not in self.tasks.replicas]:
             self._workers.pop(url)
             if not self.has_workers(url):

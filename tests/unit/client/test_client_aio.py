@@ -292,12 +292,13 @@ def test_a_slot_stays_registered_after_a_failed_call_so_its_next_stream_is_dropp
     assert registered and len(streams) == 2 and all(s.cancelled for s in streams)
 
 
-def test_a_background_job_leaves_a_slot_per_replica_for_live_jobs():
-    """A background job (the gateway's batch jobs) holds at most inflight - 1 slots of a replica;
-    a live job sent while it holds them is answered at once, before the background job's chunks."""
-    gate = asyncio.Event()
-    answered: list[str] = []
-    held: list[int] = []  # background chunks waiting at the gate
+@pytest.mark.parametrize("workers, background", [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2)])
+def test_a_background_job_holds_at_most_half_of_a_replicas_slots(workers, background):
+    """A background job (the gateway's batch jobs) holds at most half of a replica's slots (at least
+    one); the live jobs sent while it holds them all run at once on the other slots, none queued
+    behind another, while the background job's chunks wait."""
+    background_gate, live_gate = asyncio.Event(), asyncio.Event()
+    held: dict[str, list[int]] = {"background": [], "live": []}  # chunks waiting at their gate
 
     class GatedReplica(FakeReplica):
         def slot(self):
@@ -306,10 +307,8 @@ def test_a_background_job_leaves_a_slot_per_replica_for_live_jobs():
             class Slot:
                 async def call(self, payload):
                     kind, start, stop = payload
-                    if kind == "background":
-                        held.append(start)
-                        await gate.wait()
-                    answered.append(kind)
+                    held[kind].append(start)
+                    await (background_gate if kind == "background" else live_gate).wait()
                     return await inner.call((start, stop))
 
                 async def close(self):
@@ -317,27 +316,34 @@ def test_a_background_job_leaves_a_slot_per_replica_for_live_jobs():
 
             return Slot()
 
+    async def settle():
+        for _ in range(100):  # a slot free to take a queued chunk would have taken it by now
+            await asyncio.sleep(0)
+
     async def scenario():
         replica = GatedReplica("a")
-        dispatcher = AsyncDispatcher(["a"], lambda url: replica.slot(), 3, FAST)
+        dispatcher = AsyncDispatcher(["a"], lambda url: replica.slot(), workers, FAST)
         await dispatcher.start()
         try:
             chunks = plan_chunks([1] * 10, max_chunk_tokens=1, max_chunk_texts=1)
-            background = asyncio.ensure_future(dispatcher.run(chunks, lambda c: ("background", c.start, c.stop),
-                                                              background=True))
-            while len(held) < 2:
-                await asyncio.sleep(0)
-            for _ in range(100):  # a third slot would have taken a chunk by now
-                await asyncio.sleep(0)
-            assert len(held) == 2 and len(dispatcher.tasks) == len(chunks) - 2
-            live = await dispatcher.run(chunks[:1], lambda c: ("live", c.start, c.stop))
-            assert len(held) == 2 and answered == ["live"]  # the background job still holds 2 of 3
-            gate.set()
-            await background
-            return live, background.result()
+            background_job = asyncio.ensure_future(
+                dispatcher.run(chunks, lambda c: ("background", c.start, c.stop), background=True))
+            await settle()
+            assert len(held["background"]) == background
+            live_jobs = [asyncio.ensure_future(dispatcher.run([chunk], lambda c: ("live", c.start, c.stop)))
+                         for chunk in chunks[:workers]]
+            await settle()
+            assert len(held["live"]) == workers - background  # every other slot took a live chunk
+            assert len(held["background"]) == background
+            live_gate.set()
+            if workers > background:  # the live jobs end while the background job still holds its slots
+                await asyncio.wait_for(asyncio.gather(*live_jobs), 10)
+                assert len(held["background"]) == background and not background_job.done()
+            background_gate.set()
+            return await asyncio.gather(*live_jobs), await background_job
         finally:
             await dispatcher.close()
 
     live, rows = asyncio.run(scenario())
-    np.testing.assert_array_equal(np.concatenate(live)[:, 0], [0])
+    np.testing.assert_array_equal(np.concatenate([np.concatenate(job) for job in live])[:, 0], np.arange(workers))
     np.testing.assert_array_equal(np.concatenate(rows)[:, 0], np.arange(10))
