@@ -140,9 +140,10 @@ EMBED_HOLDS = EMBED_INSTANCES + 2  # + its queue of 2 (LIMITS)
 def held_flood(hold, way, url, texts, count, can_hold, first):
     """`count` concurrent calls while the tokenizer is held, where at most `can_hold` calls can wait:
     -> (the first count - can_hold outcomes, all answered while held; the rest, after the release).
-    An outcome is None (answered) or the client's error. `first` calls reach the hold before the
-    others start: one per tokenizing instance, so that the rest meet a full queue however slowly
-    Triton hands requests to instances (and the tokenizer lane's group is that one request)."""
+    An outcome is None (answered) or the client's error. `first` calls reach the hold one after
+    another before the others start: one per tokenizing instance, so that the rest meet a full
+    queue however slowly Triton hands requests to instances (and the tokenizer lane's group is
+    that one request)."""
     outcomes: queue.Queue = queue.Queue()
 
     def one():
@@ -153,9 +154,9 @@ def held_flood(hold, way, url, texts, count, can_hold, first):
             outcomes.put(exc)
 
     with hold:
-        for _ in range(first):
-            threading.Thread(target=one, daemon=True).start()
-        hold.wait_entered(first)
+        for entered in range(1, first + 1):  # one at a time: a burst could overfill the queue before
+            threading.Thread(target=one, daemon=True).start()  # Triton hands requests to idle instances
+            hold.wait_entered(entered)
         for _ in range(count - first):
             threading.Thread(target=one, daemon=True).start()
         while_held = [outcomes.get(timeout=60) for _ in range(count - can_hold)]
