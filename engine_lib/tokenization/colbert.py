@@ -16,7 +16,7 @@ from engine_lib.errors import InputError
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
 from engine_lib.retrieval import COLBERT, ColbertConfig, retrieval_kind
-from engine_lib.tokenization.text import TextTokenizer
+from engine_lib.tokenization.text import TextTokenizer, only_result
 
 QUERY, DOCUMENT = "query", "document"
 
@@ -55,10 +55,7 @@ class ColbertTokenizer:
         return self._text[DOCUMENT].decode_texts(raw)
 
     def encode(self, texts: Sequence[str], options: RequestOptions) -> RaggedTokens:
-        result = self.encode_many([(texts, options)])[0]
-        if isinstance(result, InputError):
-            raise result
-        return result
+        return only_result(self.encode_many([(texts, options)]))
 
     def encode_many(self, requests: Sequence[tuple[Sequence[str], RequestOptions]]
                     ) -> list[RaggedTokens | InputError]:

@@ -16,6 +16,7 @@ from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions, RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
 from engine_lib.tokenization.colbert import text_tokenizer
+from engine_lib.tokenization.text import only_result
 from rose_wire import DOCUMENTS, INPUT_IDS, QUERY, SEQ_LENS, TEXT, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 Tensors = Mapping[str, "np.ndarray | None"]
@@ -49,10 +50,7 @@ class TextStep:
         self.tokenizer = text_tokenizer(config.model_dir, config)
 
     def __call__(self, tensors: Tensors, parameters: dict | str | None) -> dict[str, np.ndarray]:
-        result = self.many([(tensors, parameters)])[0]
-        if isinstance(result, InputError):
-            raise result
-        return result
+        return only_result(self.many([(tensors, parameters)]))
 
     def many(self, requests) -> list:
         """Several requests' (tensors, parameters) -> per request its tensors or its InputError; the

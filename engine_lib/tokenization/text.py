@@ -62,6 +62,13 @@ def eos_id(folder: ModelFolder, tokenizer: Tokenizer) -> int | None:
     return folder.eos_token_id
 
 
+def only_result(results: list):
+    """The one request's result of a `many` call: its value, or its InputError raised."""
+    if isinstance(results[0], InputError):
+        raise results[0]
+    return results[0]
+
+
 class TextTokenizer:
     def __init__(self, model: ModelFolder | str, config: TokenizerConfig, max_length: int | None = None):
         folder = model if isinstance(model, ModelFolder) else ModelFolder.open(model)
@@ -102,10 +109,7 @@ class TextTokenizer:
     def encode(self, texts: Sequence[str], options: RequestOptions) -> RaggedTokens:
         """-> one sequence per text. An over-long text (template included) loses its end
         (`truncation_direction` right) or its start (left)."""
-        result = self.encode_many([(texts, options)])[0]
-        if isinstance(result, InputError):
-            raise result
-        return result
+        return only_result(self.encode_many([(texts, options)]))
 
     def encode_many(self, requests: Sequence[tuple[Sequence[str], RequestOptions]]
                     ) -> list[RaggedTokens | InputError]:

@@ -116,6 +116,20 @@ def texts_for(i):
     return [f"document {i} about topic {i % 7}", f"a second passage for line {i} " * (1 + i % 5)]
 
 
+
+def assert_completed_as_direct_calls(client, batch_id, lines, checked):
+    """The job completed with every line once, and the `checked` lines' rows equal direct calls."""
+    done = finished(client, batch_id)
+    assert done.status == "completed"
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == \
+        (len(lines), len(lines), 0)
+    rows = results(client, done.output_file_id)
+    assert sorted(rows) == sorted(line["custom_id"] for line in lines)
+    for line in checked:
+        direct = client.embeddings.create(**line["body"])
+        got = rows[line["custom_id"]]["response"]["body"]["data"]
+        assert cosine([d["embedding"] for d in got], [d.embedding for d in direct.data]).min() >= 0.9999
+
 def test_sdk_flow_rows_equal_direct_calls_and_keys_see_only_their_own(gateway, server, reference_model):
     client, other = gateway.client(), gateway.client(KEYS[1])
     lines = [embedding_line(f"req-{i}", texts_for(i)) for i in range(6)]
@@ -219,15 +233,7 @@ def test_killed_mid_job_the_restarted_gateway_completes_it_exactly_once(gateway,
         assert client.batches.retrieve(batch.id).status == "in_progress"
     finally:
         gateway.hold.release()
-    done = finished(client, batch.id)
-    assert done.status == "completed"
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (30, 30, 0)
-    rows = results(client, done.output_file_id)
-    assert sorted(rows) == sorted(line["custom_id"] for line in lines)
-    for line in lines[::7]:
-        direct = client.embeddings.create(**line["body"])
-        got = rows[line["custom_id"]]["response"]["body"]["data"]
-        assert cosine([d["embedding"] for d in got], [d.embedding for d in direct.data]).min() >= 0.9999
+    assert_completed_as_direct_calls(client, batch.id, lines, lines[::7])
 
 
 def test_cancel_mid_job_leaves_a_partial_output(gateway, server):
@@ -281,15 +287,7 @@ def test_two_replicas_share_the_jobs_and_one_takes_over_the_job_of_a_killed_one(
         resumed = survivor_client.batches.retrieve(batch.id)
         assert resumed.status == "in_progress" and resumed.request_counts.completed >= done_before
         survivor.hold.release()
-        done = finished(survivor_client, batch.id)
-        assert done.status == "completed"
-        assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (30, 30, 0)
-        rows = results(survivor_client, done.output_file_id)
-        assert sorted(rows) == sorted(line["custom_id"] for line in lines)
-        for line in lines:
-            direct = survivor_client.embeddings.create(**line["body"])
-            got = rows[line["custom_id"]]["response"]["body"]["data"]
-            assert cosine([d["embedding"] for d in got], [d.embedding for d in direct.data]).min() >= 0.9999
+        assert_completed_as_direct_calls(survivor_client, batch.id, lines, lines)
     finally:
         for replica in replicas:
             replica.stop()
