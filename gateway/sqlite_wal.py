@@ -1,8 +1,10 @@
-"""One SQLite file shared by processes (the gateway's workers, its replicas): opened in WAL mode."""
+"""One SQLite file shared by processes (the gateway's workers, its replicas): opened in WAL mode,
+written in transactions that take the write lock before their reads."""
 from __future__ import annotations
 
 import sqlite3
 import time
+from contextlib import contextmanager
 
 
 def connect_shared(path, timeout: float) -> sqlite3.Connection:
@@ -25,3 +27,16 @@ def connect_shared(path, timeout: float) -> sqlite3.Connection:
                 db.close()
                 raise
         time.sleep(0.005)
+
+
+@contextmanager
+def immediate(db: sqlite3.Connection):
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on an exception): the write lock is taken before the
+    reads, so a read-then-write by another process cannot come between them."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

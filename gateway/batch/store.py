@@ -21,7 +21,7 @@ from typing import Callable
 import orjson
 
 from ..errors import ApiError
-from ..sqlite_wal import connect_shared
+from ..sqlite_wal import connect_shared, immediate
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 RUNNABLE = ("validating", "in_progress", "finalizing", "cancelling")  # a runner takes these
@@ -85,15 +85,8 @@ class BatchStore:
 
     def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
         """Run `statements` in one transaction; -> the rows each changed."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                changed = [self._db.execute(sql, args).rowcount for sql, args in statements]
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            return changed
+        with self._lock, immediate(self._db):
+            return [self._db.execute(sql, args).rowcount for sql, args in statements]
 
     # files
 
@@ -238,19 +231,13 @@ class BatchStore:
     def claim(self, runner: str, lease_s: float) -> tuple[str, dict] | None:
         """Take the lease of the oldest runnable job whose lease is free or expired: (owner, body)."""
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._db.execute(
-                    f"SELECT id, owner, body FROM batches WHERE status IN ({','.join('?' * len(RUNNABLE))}) "
-                    "AND lease_expires < ? ORDER BY rowid LIMIT 1", (*RUNNABLE, now)).fetchone()
-                if row is not None:
-                    self._db.execute("UPDATE batches SET lease_owner = ?, lease_expires = ? WHERE id = ?",
-                                     (runner, now + lease_s, row[0]))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._lock, immediate(self._db):
+            row = self._db.execute(
+                f"SELECT id, owner, body FROM batches WHERE status IN ({','.join('?' * len(RUNNABLE))}) "
+                "AND lease_expires < ? ORDER BY rowid LIMIT 1", (*RUNNABLE, now)).fetchone()
+            if row is not None:
+                self._db.execute("UPDATE batches SET lease_owner = ?, lease_expires = ? WHERE id = ?",
+                                 (runner, now + lease_s, row[0]))
         return None if row is None else (row[1], orjson.loads(row[2]))
 
     def renew(self, batch_id: str, runner: str, lease_s: float) -> str | None:
@@ -270,25 +257,19 @@ class BatchStore:
         """Apply `changes` to the job's body (and insert `new_files`, its output files, in the same
         transaction) while `runner` holds the lease; -> the body, None if the lease was lost.
         A cancel that arrived meanwhile stays: `in_progress` does not replace `cancelling`."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._db.execute("SELECT body FROM batches WHERE id = ? AND lease_owner = ?",
-                                       (batch_id, runner)).fetchone()
-                body = None
-                if row is not None:
-                    body = orjson.loads(row[0])
-                    if body["status"] == "cancelling" and changes.get("status") == "in_progress":
-                        changes = {k: v for k, v in changes.items() if k != "status"}
-                    body.update(changes)
-                    for owner, file_body in new_files:
-                        self._db.execute(*self._file_row(owner, file_body))
-                    self._db.execute("UPDATE batches SET status = ?, body = ? WHERE id = ?",
-                                     (body["status"], orjson.dumps(body).decode(), batch_id))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._lock, immediate(self._db):
+            row = self._db.execute("SELECT body FROM batches WHERE id = ? AND lease_owner = ?",
+                                   (batch_id, runner)).fetchone()
+            if row is None:
+                return None
+            body = orjson.loads(row[0])
+            if body["status"] == "cancelling" and changes.get("status") == "in_progress":
+                changes = {k: v for k, v in changes.items() if k != "status"}
+            body.update(changes)
+            for owner, file_body in new_files:
+                self._db.execute(*self._file_row(owner, file_body))
+            self._db.execute("UPDATE batches SET status = ?, body = ? WHERE id = ?",
+                             (body["status"], orjson.dumps(body).decode(), batch_id))
         return body
 
     def status(self, batch_id: str) -> str:

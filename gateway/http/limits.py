@@ -24,7 +24,7 @@ from starlette.requests import Request
 from ..engine.routing import Routes
 from ..errors import ApiError
 from ..metrics import GatewayMetrics
-from ..sqlite_wal import connect_shared
+from ..sqlite_wal import connect_shared, immediate
 from ..stages import RequestRecord, current
 from .keys import KeyEntry, KeysFile
 
@@ -60,7 +60,7 @@ class SharedCounters:
         self.pid = os.getpid()
         self.db = connect_shared(path, timeout=60)
         self.db.execute("PRAGMA synchronous=OFF")  # counts, not records: a power cut may lose the last ones
-        with self._transaction():
+        with immediate(self.db):
             self.db.execute("CREATE TABLE IF NOT EXISTS used (key TEXT, window INTEGER, requests INTEGER, "
                             "tokens INTEGER, PRIMARY KEY (key, window))")
             self.db.execute("CREATE TABLE IF NOT EXISTS active (key TEXT, pid INTEGER, n INTEGER, "
@@ -70,14 +70,11 @@ class SharedCounters:
                 if not _alive(pid):
                     self.db.execute("DELETE FROM active WHERE pid = ?", (pid,))
 
-    def _transaction(self):
-        return _Immediate(self.db)
-
     def admit(self, entry: KeyEntry, now: float) -> Usage:
         """Count one request of `entry` (and hold one of its concurrent slots), or raise 429."""
         window = int(now // WINDOW_S)
         reset_s = (window + 1) * WINDOW_S - now
-        with self._transaction():
+        with immediate(self.db):
             requests, tokens = self._used(entry.name, window)
             if entry.requests_per_minute and requests >= entry.requests_per_minute:
                 raise _refusal(entry, "requests_per_minute", f"{entry.requests_per_minute} requests per minute",
@@ -99,7 +96,7 @@ class SharedCounters:
         """Count `num_tokens` of `entry`, or raise 429 when they do not fit its window's rest."""
         window = int(now // WINDOW_S)
         reset_s = (window + 1) * WINDOW_S - now
-        with self._transaction():
+        with immediate(self.db):
             requests, tokens = self._used(entry.name, window)
             if entry.tokens_per_minute and tokens + num_tokens > entry.tokens_per_minute:
                 raise _refusal(entry, "tokens_per_minute", f"{entry.tokens_per_minute} tokens per minute "
@@ -111,26 +108,13 @@ class SharedCounters:
 
     def release(self, entry: KeyEntry) -> None:
         """One request of `entry` admitted by this process finished."""
-        with self._transaction():
+        with immediate(self.db):
             self.db.execute("UPDATE active SET n = n - 1 WHERE key = ? AND pid = ?", (entry.name, self.pid))
 
     def _used(self, name: str, window: int) -> tuple[int, int]:
         row = self.db.execute("SELECT requests, tokens FROM used WHERE key = ? AND window = ?",
                               (name, window)).fetchone()
         return row or (0, 0)
-
-
-class _Immediate:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on an exception): the write lock is taken before the reads."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
-
-    def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind, exc, tb):
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
 def _alive(pid: int) -> bool:
