@@ -122,7 +122,7 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
 def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
     """Targets by name; ours served by a tritonserver started here unless --grpc-url/--gateway-url."""
     grpc_url, gateway_url = args.grpc_url, args.gateway_url
-    if not grpc_url and {"rose", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
+    if not grpc_url and {"rose", "rose-batched", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
         extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
         log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
         log(f"starting tritonserver (log {log_dir / 'server.log'})")
@@ -135,6 +135,8 @@ def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
         try:
             if name == "rose":
                 targets[name] = lineup.rose_target(grpc_url)
+            elif name == "rose-batched":
+                targets[name] = lineup.rose_batched_target(grpc_url)
             elif name == "gateway":
                 targets[name] = lineup.gateway_target(gateway_url)
             elif name == "triton-padded":
