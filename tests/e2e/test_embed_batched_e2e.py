@@ -1,6 +1,7 @@
 """The batched unary front `embed_batched` on a real tritonserver: one text per batch row, rows equal
 to the reference and to the ensemble's; requests Triton's dynamic batcher hands over together are
 each answered their own rows, options and errors."""
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -10,6 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from engine_lib.runner.self_check import MIN_COSINE
+from testing import REPO
 from testing.embed_clients import embed_stream, stream_outputs
 from testing.hold import wait_for_metric
 from testing.texts import VARIED_TEXTS
@@ -107,3 +109,13 @@ def test_requests_batched_together_are_each_answered_their_own(server):
             assert answer[name].shape == own[name].shape and answer[name].dtype == own[name].dtype, name
             np.testing.assert_allclose(answer[name].astype(np.float32), own[name].astype(np.float32),
                                        atol=1e-5 if name == EMBEDDINGS else 1, err_msg=str(parameters))
+
+
+def test_the_api_reference_example_runs(server, reference_model):
+    """docs/api.md's embed_batched call, verbatim (port substituted): rows for a query of each text."""
+    section = (REPO / "docs" / "api.md").read_text().split("\n## `embed_batched`", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    scope = {}
+    exec(compile(code.replace("localhost:8001", server.grpc_url), "docs/api.md", "exec"), scope)
+    reference = reference_model.encode(scope["texts"], normalize_embeddings=True)
+    assert scope["rows"].shape == (2, 384) and (scope["rows"] * reference).sum(axis=1).min() >= MIN_COSINE
