@@ -22,6 +22,7 @@ from rose_triton.server import TritonServer
 from . import targets as lineup
 from .machine import gemm_flops, wait_until_quiet
 from .measure import latency_stats, log, min_cosine
+from .overhead import TINY_SHAPE
 from .peers.servers import start_openai_peer
 from .peers.setup import ensure_onnx_export
 from .profiles import LABELS, PROFILES, Cell, Profile, select
@@ -48,6 +49,8 @@ def model_info(model_dir: str | None) -> dict:
     folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
     path, config = folder.path, folder.config
     name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
+    if all(config.get(k) == v for k, v in TINY_SHAPE.items()):
+        name = "near-free model (1 layer, 64 wide)"
     return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
             "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                               "num_attention_heads") if k in config}}
