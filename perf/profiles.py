@@ -62,6 +62,7 @@ class Profile:
 # target -> what it is (perf/targets.py builds each)
 LABELS = {
     "rose": "ours (ROSE on Triton)",
+    "rose-batched": "ours, `embed_batched` (gRPC infer, one text a batch row, Triton's dynamic batcher)",
     "gateway": "ours through the OpenAI-compatible gateway (HTTP /v1/embeddings, float JSON)",
     "st": "sentence-transformers encode, in-process",
     "ort": "ONNX Runtime (optimum O2 export), in-process",
@@ -119,9 +120,10 @@ PROFILES = {
         (Cell("latency", "lat-text-128", "sequential", "text", 128, 1, num_requests=200, max_seconds=30),
          Cell("latency", "lat-tokens-128", "sequential", "tokens", 128, 1, num_requests=200, max_seconds=30),
          *(Cell(S4, f"s4-c{c}", "load", "text", 128, 1, c, duration_s=10, served_only=True) for c in (1, 4, 16, 64))),
-        ("rose", "gateway"),
+        ("rose", "rose-batched", "gateway"),
         notes=("gateway, text in: HTTP JSON -> the gateway tokenizes -> rose_encoder over gRPC streaming; rose, "
-               "text in: gRPC streaming on `ensemble` (tokenizer model + encoder). Token-id cells: the gateway gets "
+               "text in: gRPC streaming on `ensemble` (tokenizer model + encoder); rose-batched, text in: gRPC infer on "
+               "`embed_batched` (Triton's dynamic batcher, the waiting requests as one encoder call). Token-id cells: the gateway gets "
                "the ids as JSON lists, rose sends them straight to rose_encoder.",
                "The gateway's own added latency per request is p50(gateway, tokens) - p50(rose, tokens).",
                "vLLM and Infinity join with --targets rose,gateway,vllm-2cores,infinity (their own OpenAI "

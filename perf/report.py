@@ -10,7 +10,7 @@ from engine_lib.runner.self_check import MIN_COSINE
 from .machine import machine_line
 
 OURS = "rose"
-README_PROFILES = ("gateway", "cpu", "served-vs-st", "seed", "gpu-served", "gpu-latency")  # then overhead
+README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served", "gpu-latency")  # then overhead
 README_BEGIN, README_END = "<!-- perf-table:begin (python -m perf readme-table --write) -->", "<!-- perf-table:end -->"
 
 

@@ -22,6 +22,7 @@ from rose_triton.server import TritonServer
 from . import targets as lineup
 from .machine import gemm_flops, wait_until_quiet
 from .measure import latency_stats, log, min_cosine
+from .overhead import TINY_SHAPE
 from .peers.servers import start_openai_peer
 from .peers.setup import ensure_onnx_export
 from .profiles import LABELS, PROFILES, Cell, Profile, select
@@ -48,6 +49,8 @@ def model_info(model_dir: str | None) -> dict:
     folder = ModelFolder.open(model_dir or os.environ.get("ROSE_MODEL_DIR") or "default")
     path, config = folder.path, folder.config
     name = "all-MiniLM-L6-v2 (embedded)" if not model_dir else os.path.basename(path.rstrip("/"))
+    if all(config.get(k) == v for k, v in TINY_SHAPE.items()):
+        name = "near-free model (1 layer, 64 wide)"
     return {"dir": path, "name": name, "max_positions": int(config["max_position_embeddings"]),
             "config": {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                               "num_attention_heads") if k in config}}
@@ -122,7 +125,7 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
 def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
     """Targets by name; ours served by a tritonserver started here unless --grpc-url/--gateway-url."""
     grpc_url, gateway_url = args.grpc_url, args.gateway_url
-    if not grpc_url and {"rose", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
+    if not grpc_url and {"rose", "rose-batched", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
         extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
         log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
         log(f"starting tritonserver (log {log_dir / 'server.log'})")
@@ -135,6 +138,8 @@ def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
         try:
             if name == "rose":
                 targets[name] = lineup.rose_target(grpc_url)
+            elif name == "rose-batched":
+                targets[name] = lineup.rose_batched_target(grpc_url)
             elif name == "gateway":
                 targets[name] = lineup.gateway_target(gateway_url)
             elif name == "triton-padded":

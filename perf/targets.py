@@ -265,6 +265,12 @@ def rose_target(grpc_url: str) -> ServedTarget:
                         versions(["nvidia-pytriton", "tritonclient", "torch"]))
 
 
+def rose_batched_target(grpc_url: str) -> ServedTarget:
+    """`embed_batched`: plain gRPC infer, one text a batch row, behind Triton's dynamic batcher."""
+    return ServedTarget("rose-batched", TritonUnary(grpc_url, "embed_batched", batch_dim=True), None,
+                        versions(["nvidia-pytriton", "tritonclient", "torch"]))
+
+
 def openai_target(name: str, url: str, path: str, model: str, token_ids: bool, package_versions: dict):
     parts = urllib.parse.urlsplit(url)
     text = HttpJson(parts.hostname, parts.port, path, model)

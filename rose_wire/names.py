@@ -29,6 +29,7 @@ MULTIVECTOR_BINARY = "MULTIVECTOR_BINARY"  # UINT8 [T, ceil(D/8)]: sign bits (co
 # Models of the repository (model_repository/) and of the rerank set (model_sets/rerank/).
 ENSEMBLE = "ensemble"              # TEXT -> tokenizer -> rose_encoder -> EMBEDDINGS (decoupled)
 EMBED = "embed"                    # unary front: TEXT -> EMBEDDINGS
+EMBED_BATCHED = "embed_batched"    # unary front behind Triton's dynamic batcher: TEXT [B, 1] -> EMBEDDINGS [B, D]
 TOKENIZER = "tokenizer"            # TEXT -> INPUT_IDS, SEQ_LENS
 ROSE_ENCODER = "rose_encoder"      # INPUT_IDS, SEQ_LENS -> EMBEDDINGS (decoupled)
 RERANK = "rerank"                  # QUERY, DOCUMENTS -> rerank_tokenizer -> rerank_encoder -> SCORES (decoupled)
@@ -50,7 +51,7 @@ EMBEDDING_OUTPUTS = tuple(OUTPUT_OF_TYPE.values())  # the embedding models' outp
 RAGGED_OUTPUTS = tuple(dict.fromkeys(t for ts in OUTPUTS_OF_RAGGED_TYPE.values() for t in ts))
 TENSORS = (TEXT, QUERY, DOCUMENTS, INPUT_IDS, SEQ_LENS, TOKEN_TYPE_IDS, TEXT_WINDOWS, *EMBEDDING_OUTPUTS, SCORES,
            *RAGGED_OUTPUTS)
-MODELS = (ENSEMBLE, EMBED, TOKENIZER, ROSE_ENCODER, RERANK, SCORE, RERANK_TOKENIZER, RERANK_ENCODER)
+MODELS = (ENSEMBLE, EMBED, EMBED_BATCHED, TOKENIZER, ROSE_ENCODER, RERANK, SCORE, RERANK_TOKENIZER, RERANK_ENCODER)
 
 # Served models by name (scripts/serve.sh --model NAME=DIR / --rerank-model NAME=DIR, or a
 # models file): each is four Triton models named after NAME (served_models below). The

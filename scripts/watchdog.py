@@ -49,9 +49,9 @@ OK, ANSWERED_ERROR, DEAD, TIMEOUT, UNREACHABLE = "ok", "error", "dead stub", "ti
 TEXT = {"TEXT": ["watchdog probe"]}
 PAIR = {"QUERY": ["watchdog probe"], "DOCUMENTS": ["watchdog probe"]}
 # Every model that takes requests: its probe body (HTTP generate) and the encoder behind it.
-PROBES = {"ensemble": TEXT, "embed": TEXT, "rerank": PAIR, "score": PAIR}
-ENCODER_OF = {"ensemble": "rose_encoder", "embed": "rose_encoder", "rerank": "rerank_encoder",
-              "score": "rerank_encoder"}
+PROBES = {"ensemble": TEXT, "embed": TEXT, "embed_batched": TEXT, "rerank": PAIR, "score": PAIR}
+ENCODER_OF = {"ensemble": "rose_encoder", "embed": "rose_encoder", "embed_batched": "rose_encoder",
+              "rerank": "rerank_encoder", "score": "rerank_encoder"}
 RERANK_MODELS = ("rerank", "score")
 ENCODER_OF_DEFAULT = dict(ENCODER_OF)
 STUB = "triton_python_backend_stub"

@@ -1,5 +1,5 @@
 """`--profile perf_analyzer`: Triton's perf_analyzer, concurrency (--clients, default 1,4,16,64,128) x 1 and 8 texts
-of 128 tokens a request on `ensemble` (--streaming) and `embed`; other sizes: `python -m perf.perf_analyzer.sweep --concurrency 1,2,4,8 --sizes 1,8,32`."""
+of 128 tokens a request on `ensemble` (--streaming), `embed` and `embed_batched` (one text a batch row, `-b`); other sizes: `python -m perf.perf_analyzer.sweep --concurrency 1,2,4,8 --sizes 1,8,32`."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +22,10 @@ from ..overhead import variants_for
 from ..texts import TextMaker
 
 LAUNCHER = REPO / "perf" / ".peers" / "perf-analyzer" / "perf_analyzer"
-ENTRIES = {"ensemble": ["--streaming"], "embed": []}  # decoupled ensemble needs streaming; embed is unary
+# The decoupled ensemble needs streaming; embed is unary; embed_batched is unary with a batch dimension:
+# N texts a request are `-b N` rows of one text each.
+ENTRIES = {"ensemble": ["--streaming"], "embed": [], "embed_batched": []}
+BATCHED = ("embed_batched",)
 
 
 def ensure_installed() -> Path:
@@ -30,22 +33,26 @@ def ensure_installed() -> Path:
     return LAUNCHER
 
 
-def input_data(path: Path, texts_per_request: int, seq_len: int, num_entries: int = 16) -> Path:
-    """perf_analyzer --input-data JSON: `num_entries` requests of real texts of ~seq_len tokens."""
+def input_data(path: Path, texts_per_request: int, seq_len: int, num_entries: int = 16, rows: bool = False) -> Path:
+    """perf_analyzer --input-data JSON: `num_entries` requests of real texts of ~seq_len tokens; `rows`:
+    entries of one text each (a batch row; perf_analyzer's `-b` puts several in a request)."""
     maker = TextMaker(os.path.join(resolve_model_dir("default"), "tokenizer.json"), 512)
     rng = random.Random(f"pa-{texts_per_request}-{seq_len}")
-    data = [{"TEXT": {"content": [maker.text(seq_len, rng) for _ in range(texts_per_request)],
-                      "shape": [texts_per_request]}} for _ in range(num_entries)]
+    per_entry = 1 if rows else texts_per_request
+    data = [{"TEXT": {"content": [maker.text(seq_len, rng) for _ in range(per_entry)],
+                      "shape": [per_entry]}} for _ in range(num_entries * (texts_per_request if rows else 1))]
     path.write_text(json.dumps({"data": data}))
     return path
 
 
 def run_one(launcher: Path, grpc_url: str, model: str, data: Path, concurrency: int,
             request_count: int, timeout: float, stability: float, max_trials: int,
-            admin_key: str | None = None) -> dict:
+            admin_key: str | None = None, batch_size: int = 1) -> dict:
+    """One perf_analyzer run; `batch_size` > 1: `-b` (a model with a batch dimension)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "pa.csv"
         cmd = [str(launcher), "-m", model, "-u", grpc_url, "-i", "grpc", *ENTRIES[model],
+               *(["-b", str(batch_size)] if batch_size > 1 else []),
                "--input-data", str(data), "--concurrency-range", str(concurrency),
                "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
                "--stability-percentage", str(stability), "--max-trials", str(max_trials), "-f", str(report)]
@@ -74,20 +81,25 @@ def sweep(servers: dict[str, str], concurrency: list[int], sizes: list[int], seq
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             data = input_data(Path(tmp) / f"data-{size}.json", size, seq_len)
+            rows = input_data(Path(tmp) / f"rows-{size}.json", size, seq_len, rows=True)
             for model in entries:
+                batched = model in BATCHED
                 print(f"[perf_analyzer] {model}: {size} texts/request, concurrency {concurrency}", file=sys.stderr)
                 for c in concurrency:
                     for name, url in servers.items():
                         cell = {"server": name, "model": model, "texts_per_request": size, "concurrency": c}
                         try:
-                            row = run_one(launcher, url, model, data, c, max(request_count, 4 * c), timeout,
-                                          stability, max_trials, admin_key)
+                            row = run_one(launcher, url, model, rows if batched else data, c,
+                                          max(request_count, 4 * c), timeout, stability, max_trials, admin_key,
+                                          size if batched else 1)
                         except RuntimeError as exc:  # the cell failed (e.g. a queue refused): say so, go on
                             said = [line for line in str(exc).splitlines() if line.strip()]
                             reason = next((line for line in reversed(said) if "error" in line), said[-1])
                             results["rows"].append({**cell, "failed": reason.strip()[:200]})
                             continue
-                        results["rows"].append({**cell, **row, "embeddings_per_s": row["infer_per_s"] * size})
+                        # perf_analyzer counts a request of `-b N` as N inferences
+                        per_second = row["infer_per_s"] * (1 if batched else size)
+                        results["rows"].append({**cell, **row, "embeddings_per_s": per_second})
     return results
 
 
@@ -96,7 +108,7 @@ def markdown(results: dict) -> str:
     lines = [f"# perf_analyzer sweep ({results['seq_len']}-token texts)", "",
              f"{m.get('date', '')}, {m.get('cpu', '')} ({m.get('cores', '?')} cores), GPU {m.get('gpu')}, "
              f"commit `{m.get('git_commit', '')}`; perf_analyzer 2.60.0 (PyPI), gRPC; `ensemble` with "
-             f"--streaming, `embed` unary; model: {results.get('served_model', 'not recorded')}.", "",
+             f"--streaming, `embed` unary, `embed_batched` unary with `-b` texts/request; model: {results.get('served_model', 'not recorded')}.", "",
              "| server | entry | texts/request | concurrency | embeddings/s | p50 ms | p90 ms | p99 ms |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:

@@ -133,3 +133,17 @@ def test_unary_front_keeps_invalid_argument_from_its_tokenize_step_and_the_encod
     assert message in str(grpc_error.value), str(grpc_error.value)
     assert decode(grpc_error.value.message()) == decode(str(http_error.value))
     assert decode(grpc_error.value.message()).field == FIELDS[case], str(grpc_error.value)
+
+
+@pytest.mark.parametrize("case", ["empty string", "not utf-8", "too long, truncate=false", "unknown option",
+                                  "too many dimensions", "unknown priority"])
+def test_batched_front_refuses_bad_input_as_the_unary_front_does(server, case):
+    """embed_batched (one text a batch row) names the same problem, code and field as `embed`."""
+    array, _, params, message = BAD_CASES[case]
+    with pytest.raises(InferenceServerException) as unary_error:
+        grpc_infer_raw(server, array, params)
+    with pytest.raises(InferenceServerException) as batched_error:
+        grpc_infer_raw(server, array.reshape(-1, 1), params, model="embed_batched")
+    assert batched_error.value.status() == "StatusCode.INVALID_ARGUMENT", str(batched_error.value)
+    assert decode(batched_error.value.message()) == decode(unary_error.value.message())
+    assert message in str(batched_error.value)

@@ -63,7 +63,8 @@ def test_timeouts_while_the_encoder_answers_other_requests_are_queueing_not_a_ha
 
 def test_busy_models_follow_their_encoders_answer_counts():
     before = {"rose_encoder": 10.0, "rerank_encoder": 4.0}
-    assert watchdog.busy_models(MODELS, before, {"rose_encoder": 11.0, "rerank_encoder": 4.0}) == {"ensemble", "embed"}
+    assert watchdog.busy_models(MODELS, before, {"rose_encoder": 11.0, "rerank_encoder": 4.0}) == \
+        {"ensemble", "embed", "embed_batched"}
     assert watchdog.busy_models(MODELS, before, None) == set()  # metrics unknown: every timeout counts
 
 
@@ -77,7 +78,7 @@ def test_every_served_model_is_probed_in_each_round():
     with ThreadPoolExecutor(4) as pool:
         found, busy = watchdog.probe_round(pool, "http://unused", MODELS, 1.0, probe_one=probe_one)
     assert sorted(asked) == sorted(MODELS) and set(found) == set(MODELS) and busy == set()
-    assert watchdog.served_models(rerank=False) == ["ensemble", "embed"]
+    assert watchdog.served_models(rerank=False) == ["ensemble", "embed", "embed_batched"]
 
 
 def model_folders():
@@ -95,7 +96,8 @@ def test_the_probes_cover_every_model_that_takes_requests_with_its_inputs():
         config = read_model_config(str(folder / "config.pbtxt"))
         if config.platform == "ensemble":
             entries[folder.name] = ([i.name for i in config.input], config.ensemble_scheduling.step[-1].model_name)
-        elif os.path.samefile(folder / "1" / "model.py", REPO / "model_repository" / "embed" / "1" / "model.py"):
+        elif any(os.path.samefile(folder / "1" / "model.py", REPO / "model_repository" / front / "1" / "model.py")
+                 for front in ("embed", "embed_batched")):
             encoder = pbtxt_parameters(str(folder / "config.pbtxt"))["encoder_model"]
             entries[folder.name] = ([i.name for i in config.input], encoder)
     assert set(entries) == set(watchdog.PROBES) == set(MODELS)

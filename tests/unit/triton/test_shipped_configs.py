@@ -39,7 +39,7 @@ def kind(root: str, name: str) -> str:
     if config.platform == "ensemble":
         return "ensemble"
     code = os.path.realpath(folder(root, name) / "1" / "model.py")
-    for base in ("rose_encoder", "tokenizer", "embed"):
+    for base in ("rose_encoder", "tokenizer", "embed", "embed_batched"):
         if os.path.samefile(code, ROOTS["model_repository"] / base / "1" / "model.py"):
             return base
     raise AssertionError(f"{root}/{name}: model.py is none of the base models' ({code})")
@@ -57,8 +57,8 @@ def tensors(specs) -> dict[str, tuple]:
 
 
 def test_every_model_folder_is_known():
-    assert {kind(r, n) for r, n in MODELS} == {"ensemble", "rose_encoder", "tokenizer", "embed"}
-    assert len(MODELS) == 8
+    assert {kind(r, n) for r, n in MODELS} == {"ensemble", "rose_encoder", "tokenizer", "embed", "embed_batched"}
+    assert len(MODELS) == 9
 
 
 @pytest.mark.parametrize("root, name", [(r, n) for r, n in MODELS if kind(r, n) in ("rose_encoder", "tokenizer")])
@@ -124,3 +124,20 @@ def test_each_set_pairs_one_tokenizer_with_one_encoder(root):
 def test_the_gateway_reads_the_tokenizer_models_it_stands_in_for():
     assert GatewayConfig.tokenizer_config == str(folder("model_repository", "tokenizer") / "config.pbtxt")
     assert GatewayConfig.rerank_tokenizer_config == str(folder("rerank", "rerank_tokenizer") / "config.pbtxt")
+
+
+def test_the_batched_front_chains_the_unary_fronts_models_and_gives_their_row_outputs():
+    """embed_batched reads the tokenizer and encoder the unary front names, takes one text per batch
+    row and gives the encoder's row outputs per row (rose_triton/batched.py ROW_OUTPUTS)."""
+    from rose_triton.batched import ROW_OUTPUTS
+
+    root = "model_repository"
+    front, batched = (read_model_config(str(folder(root, n) / "config.pbtxt")) for n in ("embed", "embed_batched"))
+    assert pbtxt_parameters(str(folder(root, "embed_batched") / "config.pbtxt")) == \
+        pbtxt_parameters(str(folder(root, "embed") / "config.pbtxt"))
+    assert batched.max_batch_size > 0 and front.max_batch_size == 0 and batched.HasField("dynamic_batching")
+    assert tensors(batched.input) == {"TEXT": (front.input[0].data_type, [1], False)}
+    encoder = tensors(read_model_config(str(folder(root, "rose_encoder") / "config.pbtxt")).output)
+    assert list(tensors(batched.output)) == list(ROW_OUTPUTS)
+    for name, (dtype, dims, _) in tensors(batched.output).items():
+        assert (dtype, [-1]) == (encoder[name][0], encoder[name][1][1:])  # the encoder's [N, D] as rows of [D]
