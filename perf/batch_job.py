@@ -1,7 +1,7 @@
 """Batch API numbers as ratios of one run (docs/benchmarks.md): a job's texts/s against the bulk CLI's
 on the same texts, and interactive p50/p99 through the gateway idle, beside a job and beside the bulk
 CLI (the `mix` profile's method: phases in ABBA order, p99 against idle p99 plus one batch duration).
-    python -m perf.batch_job [--texts 3000] [--phase 30] [--no-throughput]   (starts its own server)"""
+    python -m perf.batch_job [--texts 3000] [--phase 30] [--rounds 1] [--no-throughput]   (starts its own server)"""
 from __future__ import annotations
 
 import argparse
@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf.batch_job", description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=3000)
     parser.add_argument("--phase", type=float, default=30.0, help="seconds of each interactive phase")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="throughput rounds (bulk CLI, job, job, bulk CLI each): on a shared machine the load "
+                             "moves between runs, more rounds give more pairs to compare")
     parser.add_argument("--no-throughput", action="store_true", help="the interactive phases only")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="rose-batch-perf-"))
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = openai.OpenAI(base_url=f"{server.gateway_url}/v1", api_key="unused", max_retries=0)
         client.embeddings.create(model=MODEL, input=texts[:64])  # warm
-        for kind in () if args.no_throughput else ("bulk", "job", "job", "bulk"):
+        for kind in () if args.no_throughput else ("bulk", "job", "job", "bulk") * args.rounds:
             rates[kind].append(bulk_cli(server, texts, folder) if kind == "bulk" else batch_job(client, texts))
         for kind in ("idle", "job", "bulk", "bulk", "job", "idle"):
             stop = start_background(kind, client, server, texts * 8, folder) if kind != "idle" else None
@@ -159,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         job, cli = np.mean(rates["job"]), np.mean(rates["bulk"])
         rows[:0] = [f"| texts/s: bulk CLI {cli:.0f} {np.round(rates['bulk'])}, job {job:.0f} {np.round(rates['job'])} | job / bulk CLI "
                     f"{job / cli:.2f}x (target >= 0.9) |"]
+        if args.rounds > 1:  # each round's two jobs against its two bulk CLI runs
+            per_round = [np.mean(rates["job"][i:i + 2]) / np.mean(rates["bulk"][i:i + 2])
+                         for i in range(0, len(rates["job"]), 2)]
+            rows[1:1] = [f"| job / bulk CLI by round (median) | {' '.join(f'{r:.2f}' for r in per_round)} "
+                         f"({np.median(per_round):.2f}x) |"]
     batch_ms = {kind: np.mean(values) for kind, values in steps.items()}
     rows += [f"| encoder batch duration beside the job / the bulk CLI | {batch_ms['job']:.1f} / "
              f"{batch_ms['bulk']:.1f} ms |",

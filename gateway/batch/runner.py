@@ -6,10 +6,15 @@ as it comes, and finishes the job (completed, cancelled, expired) with those fil
 Durable progress is the results files themselves: a runner that takes a job over (the previous
 one died, its lease expired) skips the lines they hold (lines.done_lines), so every line is
 answered once. A runner writes only while its lease is valid by its own clock (renewed every
-`tick_s`, trusted for `LEASE_TRUST` of `lease_s`); one that loses it stops writing at once."""
+`tick_s`, trusted for `LEASE_TRUST` of `lease_s`); one that loses it stops writing at once.
+
+An idle runner looks for a job every `poll_s`, and at once when a job is created in its own
+process (`BatchStore.on_batch_created`): a job submitted to an idle worker starts without
+waiting for the next look; other processes sharing the folder find it at theirs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -34,7 +39,7 @@ LEASE_TRUST = 0.75
 class RunnerSettings:
     concurrency: int = 8          # lines of one job in flight at once
     lease_s: float = 30.0         # a job's lease; a dead runner's job is taken over after it
-    poll_s: float = 1.0           # how often an idle runner looks for a job
+    poll_s: float = 1.0           # how often an idle runner looks for a job created by another process
     max_body_bytes: int = 8 << 20  # a line's request body (as a live request's)
     retry_max_s: float = 10.0     # the longest wait before a busy line is tried again
 
@@ -47,11 +52,18 @@ class BatchRunner:
     def __init__(self, store: BatchStore, call: Call, settings: RunnerSettings = RunnerSettings()):
         self.store, self.call, self.settings = store, call, settings
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._job_created = asyncio.Event()
+        store.on_batch_created.append(self.wake)
+
+    def wake(self) -> None:
+        """A job was created in this process: an idle runner looks for it now."""
+        self._job_created.set()
 
     async def run(self) -> None:
-        """Until cancelled: drop expired files, claim a job and run it, else wait `poll_s`."""
+        """Until cancelled: drop expired files, claim a job and run it, else wait `poll_s` or a wake."""
         while True:
             claimed = None
+            self._job_created.clear()  # a job created from here on wakes the wait below
             try:
                 self.store.delete_expired_files()
                 claimed = self.store.claim(self.id, self.settings.lease_s)
@@ -63,7 +75,8 @@ class BatchRunner:
                 log.exception("batch runner failed on %s", claimed[1]["id"] if claimed else "its store")
                 claimed = None
             if claimed is None:
-                await asyncio.sleep(self.settings.poll_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._job_created.wait(), self.settings.poll_s)
 
 
 class JobRun:

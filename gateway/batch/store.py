@@ -71,6 +71,7 @@ class BatchStore:
             if left.stat().st_mtime < time.time() - STALE_UPLOAD_S:
                 left.unlink(missing_ok=True)
         self._lock = threading.Lock()
+        self.on_batch_created: list[Callable[[], None]] = []  # this process's runners (BatchRunner.wake)
         self._db = connect_shared(self.folder / "batches.sqlite3", timeout=10)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
@@ -200,6 +201,8 @@ class BatchStore:
                 "output_expires_after_s": output_expires_after_s}
         self._write([("INSERT INTO batches (id, owner, status, body) VALUES (?, ?, ?, ?)",
                       (body["id"], owner, body["status"], orjson.dumps(body).decode()))])
+        for wake in self.on_batch_created:
+            wake()
         return body
 
     def batch(self, owner: str, batch_id: str) -> dict:

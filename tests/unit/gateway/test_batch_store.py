@@ -263,6 +263,34 @@ def test_two_runners_share_the_jobs_never_one_job(store, tmp_path):
     assert {frozenset(c[0] for c in a.calls) for a in answers} <= {frozenset("a"), frozenset("b"), frozenset()}
 
 
+def test_an_idle_runner_starts_a_job_created_in_its_process_at_once(store, tmp_path):
+    file_id = add_input(store, tmp_path, [request_line("a", "a")])["id"]
+    looked = asyncio.Event()
+    claim = store.claim
+
+    def claim_and_tell(*args):
+        found = claim(*args)
+        looked.set()
+        return found
+
+    store.claim = claim_and_tell
+
+    async def scenario():
+        answers = Answers()
+        runner = BatchRunner(store, answers, RunnerSettings(lease_s=60, poll_s=3600))  # no second look of its own
+        task = asyncio.create_task(runner.run())
+        await looked.wait()  # it found no job: it waits
+        batch = new_batch(store, file_id)
+        async with asyncio.timeout(60):  # a guard: without the wake the runner waits poll_s
+            await answers.entered.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return batch, answers
+
+    batch, answers = asyncio.run(scenario())
+    assert answers.calls == ["a"] and store.batch("alice", batch["id"])["status"] in ("in_progress", "completed")
+
+
 def test_a_job_whose_input_vanishes_mid_run_fails_and_the_runner_goes_on(store, tmp_path):
     batch = new_batch(store, add_input(store, tmp_path, [request_line(f"id-{i}", f"t{i}") for i in range(4)])["id"])
     answers = Answers()
