@@ -4,6 +4,7 @@ that dies of a fatal signal writes its Python traceback to the server's log firs
 from __future__ import annotations
 
 import os
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +20,7 @@ from testing.waiting import wait_until
 pytestmark = pytest.mark.own_server  # its own servers: scripts/test.sh runs it beside the shared-server tests
 
 FATAL = "Fatal Python error: Segmentation fault"
+DUMP_END = re.compile(r"Extension modules: .*\(total: \d+\)")
 
 
 def test_a_graceful_stop_leaves_no_stub_segfault(tmp_path):
@@ -58,7 +60,8 @@ def test_a_stub_killed_by_a_fatal_signal_logs_its_python_traceback(tmp_path):
         stubs = stub_pids(server.process.pid)
         for count, (pid, name) in enumerate(stubs.items(), 1):  # one at a time: their writes would interleave
             os.kill(pid, signal.SIGSEGV)
-            wait_until(lambda: server.log_tail(400_000).count(FATAL) >= count, 60,
+            # a dump ends with its list of extension modules: the next kill waits for the whole of this one
+            wait_until(lambda: len(DUMP_END.findall(server.log_tail(400_000))) >= count, 60,
                        lambda: f"the traceback of {name}:\n{server.log_tail()}", 0.2)
     finally:
         server.kill()
