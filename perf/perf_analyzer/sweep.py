@@ -19,6 +19,7 @@ from rose_triton.server import TritonServer
 from .. import REPO
 from ..machine import describe
 from ..overhead import variants_for
+from ..runner import model_info
 from ..texts import TextMaker
 
 LAUNCHER = REPO / "perf" / ".peers" / "perf-analyzer" / "perf_analyzer"
@@ -137,7 +138,7 @@ def measure(args, out_json, machine: dict) -> dict:
     try:
         results = sweep(servers, clients, [1, 8], 128, args.cells.split(",") if args.cells else list(ENTRIES),
                         max(4, int(50 * args.scale)), stability=1000, admin_key=admin_key)
-        results["served_model"] = args.model_dir or "the embedded all-MiniLM-L6-v2"
+        results["served_model"] = model_info(args.model_dir)["name"]
         return results
     finally:
         for server in started:
