@@ -1,4 +1,4 @@
-"""The unary fronts (`embed`, `score`): their settings, and their BLS call to the encoder under a deadline."""
+"""The unary fronts (`embed`, `embed_batched`, `score`): their settings, and their BLS call to the encoder under a deadline."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from engine_lib.errors import OverloadError
+from engine_lib.service.outputs import default_outputs
+from engine_lib.tokenization.steps import step_for_inputs
+
+from .parameters import config_from_parameters, config_parameters, input_names, output_names, sibling_parameters
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,26 @@ class FrontConfig:
             except ValueError:
                 raise ValueError(f"parameter bls_timeout_s: expected seconds, got {merged['bls_timeout_s']!r}") from None
         return cls(**{"tokenizer_model": "", "encoder_model": "", **merged})
+
+
+@dataclass(frozen=True)
+class FrontSetup:
+    """What a unary front builds in `initialize`: its settings, its tensors, and the tokenize step of the
+    tokenizer model it names, built from that model's parameters (so its ids equal the ensemble's)."""
+    config: FrontConfig
+    inputs: list[str]
+    outputs: list[str]
+    tokenize: Callable  # an engine_lib.tokenization.steps step: (tensors, parameters) -> wire tensors; .many
+    default_outputs: tuple[str, ...]  # what the encoder is asked for when a request names nothing
+
+    @classmethod
+    def of(cls, args: dict) -> "FrontSetup":
+        """From Triton's `initialize` args."""
+        config = config_from_parameters(FrontConfig, config_parameters(args))
+        inputs, outputs = input_names(args), output_names(args)
+        step = step_for_inputs(inputs)
+        tokenizer = config_from_parameters(step.config_cls, sibling_parameters(args, config.tokenizer_model))
+        return cls(config, inputs, outputs, step(tokenizer), default_outputs(tokenizer.model_dir, outputs))
 
 
 class EncoderTimeout(OverloadError):

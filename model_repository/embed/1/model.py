@@ -13,19 +13,11 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from engine_lib.service.outputs import default_outputs, requested_outputs
-from engine_lib.tokenization.steps import step_for_inputs
+from engine_lib.service.outputs import requested_outputs
 from engine_lib.tracing import enabled as traces_enabled
 from rose_triton.errors import relayed_error, triton_error
 from rose_triton.faults import start_stub
-from rose_triton.front import FrontConfig, exec_decoupled
-from rose_triton.parameters import (
-    config_from_parameters,
-    config_parameters,
-    input_names,
-    output_names,
-    sibling_parameters,
-)
+from rose_triton.front import FrontSetup, exec_decoupled
 
 
 class TritonPythonModel:
@@ -33,14 +25,11 @@ class TritonPythonModel:
         start_stub()
         self.traced = traces_enabled()
         try:
-            self.config = config_from_parameters(FrontConfig, config_parameters(args))
-            self.inputs, self.outputs = input_names(args), output_names(args)
-            step = step_for_inputs(self.inputs)
-            tokenizer = config_from_parameters(step.config_cls, sibling_parameters(args, self.config.tokenizer_model))
-            self.tokenize = step(tokenizer)
-            self.default_outputs = default_outputs(tokenizer.model_dir, self.outputs)
+            front = FrontSetup.of(args)
         except Exception as exc:
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
+        self.config, self.inputs, self.outputs = front.config, front.inputs, front.outputs
+        self.tokenize, self.default_outputs = front.tokenize, front.default_outputs
 
     async def execute(self, requests):
         return await asyncio.gather(*(self._answer(request) for request in requests))
