@@ -10,7 +10,9 @@ from typing import Callable, Mapping
 from engine_lib.errors import OverloadError
 from engine_lib.service.outputs import default_outputs
 from engine_lib.tokenization.steps import step_for_inputs
+from engine_lib.tracing import enabled as traces_enabled
 
+from .faults import start_stub
 from .parameters import config_from_parameters, config_parameters, input_names, output_names, sibling_parameters
 
 
@@ -62,6 +64,20 @@ class FrontSetup:
         step = step_for_inputs(inputs)
         tokenizer = config_from_parameters(step.config_cls, sibling_parameters(args, config.tokenizer_model))
         return cls(config, inputs, outputs, step(tokenizer), default_outputs(tokenizer.model_dir, outputs))
+
+
+def initialize_front(model, args: dict, pb_utils) -> None:
+    """A unary front's `initialize`: the stub's fault hooks, then FrontSetup's fields as the model's
+    attributes (`config`, `inputs`, `outputs`, `tokenize`, `default_outputs`) and `traced`; a failure
+    is the model's load error, naming it."""
+    start_stub()
+    model.traced = traces_enabled()
+    try:
+        front = FrontSetup.of(args)
+    except Exception as exc:
+        raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
+    for name in ("config", "inputs", "outputs", "tokenize", "default_outputs"):
+        setattr(model, name, getattr(front, name))
 
 
 class EncoderTimeout(OverloadError):

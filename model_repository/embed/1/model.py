@@ -14,22 +14,13 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.service.outputs import requested_outputs
-from engine_lib.tracing import enabled as traces_enabled
 from rose_triton.errors import relayed_error, triton_error
-from rose_triton.faults import start_stub
-from rose_triton.front import FrontSetup, exec_decoupled
+from rose_triton.front import exec_decoupled, initialize_front
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        start_stub()
-        self.traced = traces_enabled()
-        try:
-            front = FrontSetup.of(args)
-        except Exception as exc:
-            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
-        self.config, self.inputs, self.outputs = front.config, front.inputs, front.outputs
-        self.tokenize, self.default_outputs = front.tokenize, front.default_outputs
+        initialize_front(self, args, pb_utils)
 
     async def execute(self, requests):
         return await asyncio.gather(*(self._answer(request) for request in requests))
