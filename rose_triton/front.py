@@ -12,6 +12,7 @@ from engine_lib.service.outputs import default_outputs
 from engine_lib.tokenization.steps import step_for_inputs
 from engine_lib.tracing import enabled as traces_enabled
 
+from .errors import relayed_error
 from .faults import start_stub
 from .parameters import config_from_parameters, config_parameters, input_names, output_names, sibling_parameters
 
@@ -108,3 +109,15 @@ async def exec_decoupled(bls_request, encoder_model: str, timeout_s: float, barr
     responses = list(iterator)  # to the final one: the encoder sends one final response per request
     barrier()
     return responses  # `iterator` is freed here, after the barrier
+
+
+def encoder_answer(responses, wanted, encoder: str, pb_utils):
+    """The encoder's answer among a BLS call's responses: (its tensors of `wanted`, in order, None), or
+    (None, its error with the code the message encodes: BLS hands every error over as INTERNAL)."""
+    for response in responses:
+        if response.has_error():
+            return None, relayed_error(pb_utils, response.error())
+        tensors = [pb_utils.get_output_tensor_by_name(response, n) for n in wanted]
+        if all(t is not None for t in tensors):
+            return tensors, None
+    raise RuntimeError(f"{encoder} returned no {list(wanted)}")

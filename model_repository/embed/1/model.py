@@ -14,8 +14,8 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from engine_lib.service.outputs import requested_outputs
-from rose_triton.errors import relayed_error, triton_error
-from rose_triton.front import exec_decoupled, initialize_front
+from rose_triton.errors import triton_error
+from rose_triton.front import encoder_answer, exec_decoupled, initialize_front
 
 
 class TritonPythonModel:
@@ -45,10 +45,7 @@ class TritonPythonModel:
             requested_output_names=wanted, parameters=parameters,
             **({"trace": request.trace()} if self.traced else {}))  # Triton's trace goes on into the encoder
         responses = await exec_decoupled(bls, encoder, self.config.bls_timeout_s, request.is_cancelled)
-        for response in responses:
-            if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
-                return pb_utils.InferenceResponse(error=relayed_error(pb_utils, response.error()))
-            outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in wanted]
-            if all(t is not None for t in outputs):
-                return pb_utils.InferenceResponse(output_tensors=outputs)
-        raise RuntimeError(f"{encoder} returned no {wanted}")
+        outputs, error = encoder_answer(responses, wanted, encoder, pb_utils)
+        if error is not None:
+            return pb_utils.InferenceResponse(error=error)
+        return pb_utils.InferenceResponse(output_tensors=outputs)

@@ -11,8 +11,8 @@ import triton_python_backend_utils as pb_utils
 from engine_lib.errors import InputError
 from engine_lib.service.outputs import requested_outputs
 from rose_triton.batched import check_row_types, group_requests, merge_tokens, split_rows, texts_of
-from rose_triton.errors import relayed_error, triton_error
-from rose_triton.front import exec_decoupled, initialize_front
+from rose_triton.errors import triton_error
+from rose_triton.front import encoder_answer, exec_decoupled, initialize_front
 from rose_wire import TEXT
 
 
@@ -58,26 +58,17 @@ class TritonPythonModel:
                 **({"trace": first.trace()} if self.traced else {}))  # the group's first request's trace
             responses = await exec_decoupled(bls, self.config.encoder_model, self.config.bls_timeout_s,
                                              first.is_cancelled)
-            rows = _rows(responses, group.outputs, self.config.encoder_model)
-            if not isinstance(rows, dict):  # the encoder's error: every member's
+            tensors, error = encoder_answer(responses, group.outputs, self.config.encoder_model, pb_utils)
+            if error is not None:  # the encoder's error: every member's
                 for i in members:
-                    answers[i] = pb_utils.InferenceResponse(error=rows)
+                    answers[i] = pb_utils.InferenceResponse(error=error)
                 return
+            rows = {name: tensor.as_numpy() for name, tensor in zip(group.outputs, tensors)}
             for i, own in zip(members, split_rows(rows, [texts_of(tokenized[i]) for i in members])):
                 answers[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in own.items()])
         except Exception as exc:  # every request gets an answer
             for i in members:
                 answers[i] = _error(exc)
-
-
-def _rows(responses, outputs, encoder):
-    for response in responses:
-        if response.has_error():  # BLS hands it over as INTERNAL: the encoded code is restored
-            return relayed_error(pb_utils, response.error())
-        tensors = {n: pb_utils.get_output_tensor_by_name(response, n) for n in outputs}
-        if all(t is not None for t in tensors.values()):
-            return {n: t.as_numpy() for n, t in tensors.items()}
-    raise RuntimeError(f"{encoder} returned no {list(outputs)}")
 
 
 def _error(exc):
