@@ -119,6 +119,9 @@ class EncoderConfig:
     batch_promote_ms: int = 1000
     # Batch-class tokens one step carries at most (auto: 256 on a CPU, else max_batch_tokens; scheduler.py).
     max_batch_class_tokens: int = AUTO
+    # Batch-class tokens a step that carries interactive work takes at most (auto: 0 on a CPU, else
+    # max_batch_class_tokens; scheduler.py).
+    max_backfill_tokens: int = AUTO
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
@@ -139,7 +142,8 @@ class EncoderConfig:
     cache_dir: str = ""
 
     # max_batch_tokens=auto: measured at start-up (batch_budget.py)
-    AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs", "max_batch_class_tokens")
+    AUTO_FIELDS = ("max_batch_tokens", "max_graph_tokens", "max_graph_seqs", "max_batch_class_tokens",
+                   "max_backfill_tokens")
 
     def __post_init__(self):
         if self.task not in ("embed", "score"):
@@ -156,6 +160,8 @@ class EncoderConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graphs must be auto, on or off, got {self.cuda_graphs!r}")
+        if self.max_backfill_tokens != AUTO and self.max_backfill_tokens < 0:
+            raise ValueError(f"max_backfill_tokens must be >= 0 (or auto), got {self.max_backfill_tokens}")
         if self.max_graph_tokens != AUTO and self.max_graph_tokens < 64:
             raise ValueError(f"max_graph_tokens must be >= 64 (or auto), got {self.max_graph_tokens}")
         if self.max_graph_seqs != AUTO and self.max_graph_seqs < 1:

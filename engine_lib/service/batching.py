@@ -106,7 +106,8 @@ class BatchingService:
                  max_inflight_batches: int = 2, max_queued_tokens: int = 1 << 20,
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process,
-                 batch_promote_s: float = 1.0, max_batch_class_tokens: Optional[int] = None):
+                 batch_promote_s: float = 1.0, max_batch_class_tokens: Optional[int] = None,
+                 max_backfill_tokens: Optional[int] = None):
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
         self.failure: Optional[str] = None  # set once, when the service has failed for good
@@ -120,7 +121,8 @@ class BatchingService:
         self.cancel_check_interval = cancel_check_interval
         self.metrics = metrics or EncoderMetrics()
         self._batcher = PriorityBatcher(max_batch_tokens, max_batch_sequences, batch_promote_s,
-                                        max_batch_class_tokens=max_batch_class_tokens)
+                                        max_batch_class_tokens=max_batch_class_tokens,
+                                        max_backfill_tokens=max_backfill_tokens)
         self._requests: dict[int, _PooledRequest] = {}
         self._ids = itertools.count()
         self._lock = threading.Condition()

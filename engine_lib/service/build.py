@@ -12,7 +12,7 @@ from engine_lib.runner.step_threads import StepThreads, flops_per_token
 from engine_lib.service.batching import BatchingService
 from engine_lib.service.calibration import Calibration, cache_key, default_cache_dir
 from engine_lib.service.endpoint import Endpoint
-from engine_lib.service.scheduler import batch_class_budget
+from engine_lib.service.scheduler import backfill_budget, batch_class_budget
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,10 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
                     "(max_batch_tokens=%d, max_batch_sequences=%d): larger batches run eagerly",
                     engine.graphs.buckets.max_tokens, engine.graphs.buckets.max_seqs, max_batch_tokens,
                     config.max_batch_sequences)
-    batch_class_tokens = batch_class_budget(config.max_batch_class_tokens, max_batch_tokens,
-                                            engine.device.type == "cpu")
-    if engine.device.type == "cpu" and not config.num_threads:  # auto: threads by each step's work
+    on_cpu = engine.device.type == "cpu"
+    batch_class_tokens = batch_class_budget(config.max_batch_class_tokens, max_batch_tokens, on_cpu)
+    backfill_tokens = backfill_budget(config.max_backfill_tokens, batch_class_tokens, on_cpu)
+    if on_cpu and not config.num_threads:  # auto: threads by each step's work
         engine = StepThreads(engine, torch.get_num_threads(), flops_per_token(engine.model), torch.set_num_threads)
     calibration = None
     if calibration_sequences is not None and config.task == "embed":
@@ -72,5 +73,6 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
                                     config.max_inflight_batches, config.max_queued_tokens,
                                     config.max_queued_requests, batch_promote_s=config.batch_promote_ms / 1000,
-                                    max_batch_class_tokens=batch_class_tokens),
+                                    max_batch_class_tokens=batch_class_tokens,
+                                    max_backfill_tokens=backfill_tokens),
                     calibration=calibration)

@@ -13,14 +13,17 @@ next batch, so batch work never starves: at least one of its sequences leaves
 per `batch_promote_s`, and whenever interactive work leaves room, batch work
 fills it (then nothing is promoted, however long batch requests have queued).
 Batch-class budget: a batch carries at most `max_batch_class_tokens` tokens of batch-class work
-(default: the whole budget). On a CPU a step's time grows with every token, and a step, once
-formed, is never pre-empted: a smaller batch-class budget keeps the steps an interactive request
-waits behind (and its own step's backfill) short, at no cost to bulk throughput past saturation.
+(default: the whole budget), and a batch that carries interactive work at most
+`max_backfill_tokens` of it (default: the batch-class budget). On a CPU a step's time grows with
+every token, and a step, once formed, is never pre-empted: a smaller batch-class budget keeps the
+steps an interactive request waits behind short, and a smaller backfill keeps its own step as
+short as if no batch work were queued, at no cost to bulk throughput past saturation.
 Invariants: a sequence is never split; a sequence longer than the budget leaves
 alone; otherwise a batch never exceeds the budget or the cap; within a class,
 sequences leave in arrival order; the first of the order always leaves in the
-next batch; a batch's batch-class tokens stay within `max_batch_class_tokens` but for a
-batch-class sequence longer than it, which leaves alone. With one class in the queue this is plain FCFS.
+next batch; a batch's batch-class tokens stay within `max_batch_class_tokens` (within
+`max_backfill_tokens` when it carries interactive work) but for a batch-class sequence longer than
+it, which leaves alone, and for a promoted sequence. With one class in the queue this is plain FCFS.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from engine_lib.options import BATCH, INTERACTIVE, PRIORITIES  # noqa: F401 (PRI
 
 
 CPU_BATCH_CLASS_TOKENS = 256  # max_batch_class_tokens=auto on a CPU (past 64-128 tokens a step buys no throughput there)
+CPU_BACKFILL_TOKENS = 0  # max_backfill_tokens=auto on a CPU: an interactive step runs as long as it would alone
 
 
 def batch_class_budget(setting: int, max_batch_tokens: int, on_cpu: bool) -> int:
@@ -41,6 +45,14 @@ def batch_class_budget(setting: int, max_batch_tokens: int, on_cpu: bool) -> int
     if setting < 1:
         setting = CPU_BATCH_CLASS_TOKENS if on_cpu else max_batch_tokens
     return min(setting, max_batch_tokens)
+
+
+def backfill_budget(setting: int, batch_class_tokens: int, on_cpu: bool) -> int:
+    """max_backfill_tokens: `setting` (auto < 0: CPU_BACKFILL_TOKENS on a CPU, else the batch-class
+    budget), never above `batch_class_tokens`."""
+    if setting < 0:
+        setting = CPU_BACKFILL_TOKENS if on_cpu else batch_class_tokens
+    return min(setting, batch_class_tokens)
 
 
 @dataclass(frozen=True)
@@ -54,9 +66,14 @@ class ScheduledSequence:
 
 class PriorityBatcher:
     def __init__(self, max_batch_tokens: int, max_batch_sequences: int, batch_promote_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_class_tokens: int | None = None):
+                 clock: Callable[[], float] = time.monotonic, max_batch_class_tokens: int | None = None,
+                 max_backfill_tokens: int | None = None):
         if max_batch_class_tokens is None:
             max_batch_class_tokens = max_batch_tokens
+        if max_backfill_tokens is None:
+            max_backfill_tokens = max_batch_class_tokens
+        if max_backfill_tokens < 0:
+            raise ValueError(f"max_backfill_tokens must be >= 0, got {max_backfill_tokens}")
         if max_batch_tokens < 1 or max_batch_sequences < 1 or max_batch_class_tokens < 1:
             raise ValueError("max_batch_tokens, max_batch_sequences and max_batch_class_tokens must be >= 1")
         if not batch_promote_s > 0:
@@ -64,6 +81,7 @@ class PriorityBatcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sequences = max_batch_sequences
         self.max_batch_class_tokens = min(max_batch_class_tokens, max_batch_tokens)
+        self.max_backfill_tokens = min(max_backfill_tokens, self.max_batch_class_tokens)
         self.batch_promote_s = batch_promote_s
         self._clock = clock
         self._queues: dict[str, deque[ScheduledSequence]] = {p: deque() for p in PRIORITIES}
@@ -94,19 +112,21 @@ class PriorityBatcher:
 
     def next_batch(self) -> list[ScheduledSequence]:
         """Pop the longest prefix of the order (promoted batch head, interactive, batch) that fits the
-        budget, the sequence cap and the batch-class budget."""
+        budget, the sequence cap and the batch-class budget (the backfill budget behind interactive work)."""
         interactive, batch_queue = self._queues[INTERACTIVE], self._queues[BATCH]
         now = self._clock()
-        promote = (interactive and batch_queue and self._passed_over_since is not None
-                   and now - self._passed_over_since > self.batch_promote_s)
+        promote = bool(interactive and batch_queue and self._passed_over_since is not None
+                       and now - self._passed_over_since > self.batch_promote_s)
         batch = [batch_queue.popleft()] if promote else []
         batch_tokens = batch_class_tokens = batch[0].num_tokens if promote else 0
         for queue in (interactive, batch_queue):
+            backfill = queue is batch_queue and len(batch) > promote  # behind interactive work
+            class_budget = self.max_backfill_tokens if backfill else self.max_batch_class_tokens
             while queue and len(batch) < self.max_batch_sequences:
                 head = queue[0]
                 class_tokens = batch_class_tokens + head.num_tokens if head.priority == BATCH else 0
                 if batch and (batch_tokens + head.num_tokens > self.max_batch_tokens
-                              or class_tokens > self.max_batch_class_tokens):
+                              or class_tokens > class_budget):
                     break
                 batch.append(queue.popleft())
                 batch_tokens += head.num_tokens

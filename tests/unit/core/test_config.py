@@ -33,6 +33,8 @@ def test_parameters_convert_by_field_type_and_overrides_win():
     assert config.max_batch_tokens == 1024 and config.device == "cpu"
     assert EncoderConfig.from_parameters({"max_batch_class_tokens": "auto"}).max_batch_class_tokens == AUTO
     assert EncoderConfig.from_parameters({"max_batch_class_tokens": "512"}).max_batch_class_tokens == 512
+    assert EncoderConfig.from_parameters({"max_backfill_tokens": "auto"}).max_backfill_tokens == AUTO
+    assert EncoderConfig.from_parameters({"max_backfill_tokens": "0"}).max_backfill_tokens == 0
 
 
 @pytest.mark.parametrize("params, message", [
@@ -40,6 +42,7 @@ def test_parameters_convert_by_field_type_and_overrides_win():
     ({"max_batch_tokens": "many"}, "parameter max_batch_tokens"),
     ({"max_batch_tokens": "0"}, "max_batch_tokens must be >= 1"),
     ({"max_batch_class_tokens": "0"}, r"max_batch_class_tokens must be >= 1 \(or auto\)"),
+    ({"max_backfill_tokens": "-3"}, r"max_backfill_tokens must be >= 0 \(or auto\)"),
     ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N"),
     ({"cuda_graphs": "sometimes"}, "cuda_graphs must be auto, on or off"),
     ({"max_graph_tokens": "32"}, "max_graph_tokens must be >= 64"),

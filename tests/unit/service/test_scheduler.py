@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from engine_lib.service.scheduler import (BATCH, CPU_BATCH_CLASS_TOKENS, INTERACTIVE, PRIORITIES, PriorityBatcher,
-                                          batch_class_budget)
+from engine_lib.service.scheduler import (BATCH, CPU_BACKFILL_TOKENS, CPU_BATCH_CLASS_TOKENS, INTERACTIVE, PRIORITIES,
+                                          PriorityBatcher, backfill_budget, batch_class_budget)
 
 
 def drain(batcher):
@@ -136,12 +136,12 @@ def test_one_class_is_plain_fcfs():
         assert batcher.promoted == 0
 
 
-@pytest.mark.parametrize("class_budget", [None, 24])
-def test_random_mix_keeps_budget_cap_class_order_and_token_counts(class_budget):
+@pytest.mark.parametrize("class_budget, backfill", [(None, None), (24, None), (24, 0), (None, 10)])
+def test_random_mix_keeps_budget_cap_class_order_and_token_counts(class_budget, backfill):
     rng = random.Random(7)
     clock = FakeClock()
     batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=5, batch_promote_s=1.0, clock=clock,
-                              max_batch_class_tokens=class_budget)
+                              max_batch_class_tokens=class_budget, max_backfill_tokens=backfill)
     added = {INTERACTIVE: [], BATCH: []}
     left = {INTERACTIVE: [], BATCH: []}
     for r in range(300):
@@ -161,6 +161,9 @@ def test_random_mix_keeps_budget_cap_class_order_and_token_counts(class_budget):
         assert sum(s.num_tokens for s in batch) <= 64 or len(batch) == 1
         batch_class = [s.num_tokens for s in batch if s.priority == BATCH]
         assert sum(batch_class) <= (class_budget or 64) or len(batch_class) == 1  # a longer one leaves alone
+        if backfill is not None and any(s.priority == INTERACTIVE for s in batch):
+            backfilled = batch_class[1:] if batch[0].priority == BATCH else batch_class  # [0]: promoted
+            assert sum(backfilled) <= backfill
         for s in batch:
             left[s.priority].append((s.request_key, s.index))
         queued = batcher.queued()
@@ -240,6 +243,32 @@ def test_interactive_work_fills_the_budget_and_batch_work_backfills_only_its_own
     assert keys(batcher.next_batch()) == [("bulk", 4), ("bulk", 5)]
 
 
+def test_a_backfill_budget_of_zero_keeps_batch_work_out_of_interactive_steps_only():
+    clock = FakeClock()
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=64, batch_promote_s=1.0, clock=clock,
+                              max_batch_class_tokens=16, max_backfill_tokens=0)
+    batcher.add("bulk", [4] * 12, BATCH)
+    batcher.add("q", [2, 2], INTERACTIVE)
+    assert keys(batcher.next_batch()) == [("q", 0), ("q", 1)]  # alone, though 60 tokens of room are left
+    assert keys(batcher.next_batch()) == [("bulk", i) for i in range(4)]  # batch work alone: its class budget
+    batcher.add("q2", [2], INTERACTIVE)
+    clock.now = 1.5  # the last batch took batch work: none is passed over yet, so none is promoted
+    assert keys(batcher.next_batch()) == [("q2", 0)]
+    batcher.add("q3", [2], INTERACTIVE)
+    clock.now = 3.0  # passed over since t=1.5 for 1.5 s: its head is promoted, and nothing more backfills
+    assert keys(batcher.next_batch()) == [("bulk", 4), ("q3", 0)]
+    assert batcher.promoted == 1
+
+
+def test_a_backfill_budget_bounds_the_batch_work_behind_interactive_work():
+    batcher = PriorityBatcher(max_batch_tokens=64, max_batch_sequences=64, clock=FakeClock(),
+                              max_batch_class_tokens=16, max_backfill_tokens=8)
+    batcher.add("bulk", [4] * 6, BATCH)
+    batcher.add("q", [20], INTERACTIVE)
+    assert keys(batcher.next_batch()) == [("q", 0), ("bulk", 0), ("bulk", 1)]
+    assert keys(batcher.next_batch()) == [("bulk", i) for i in range(2, 6)]
+
+
 def test_a_batch_class_budget_as_large_as_the_budget_changes_nothing():
     rng = random.Random(11)
     runs = []
@@ -260,6 +289,15 @@ def test_the_batch_class_budget_auto_is_small_on_a_cpu_only():
     assert batch_class_budget(1024, 8192, on_cpu=False) == 1024
     with pytest.raises(ValueError, match="max_batch_class_tokens"):
         PriorityBatcher(64, 8, max_batch_class_tokens=0)
+
+
+def test_the_backfill_budget_auto_is_none_on_a_cpu_only():
+    assert backfill_budget(-1, 256, on_cpu=True) == CPU_BACKFILL_TOKENS == 0
+    assert backfill_budget(-1, 8192, on_cpu=False) == 8192
+    assert backfill_budget(64, 8192, on_cpu=True) == 64
+    assert backfill_budget(512, 256, on_cpu=True) == 256  # never above the batch-class budget
+    with pytest.raises(ValueError, match="max_backfill_tokens"):
+        PriorityBatcher(64, 8, max_backfill_tokens=-1)
 
 
 def test_drop_removes_a_request_from_its_class():
