@@ -288,8 +288,15 @@ def sequential(settings: Settings, variants, requests, reference, inproc) -> tup
     for variant in variants:
         for path in settings.paths:
             if variant.name == "current" or path not in ONLY_CURRENT:
-                calls[(path, variant.name)] = call = spec(path, variant.server).connect()
-                got = [call(r) for r in requests[:4]]  # warm-up; checked where the output is the model's
+                call = spec(path, variant.server).connect()
+                try:
+                    got = [call(r) for r in requests[:4]]  # warm-up; checked where the output is the model's
+                except Exception as exc:
+                    if variant.name == "current" or "unknown model" not in str(exc):
+                        raise
+                    log(f"{path}: {variant.name} does not serve it ({exc}); left out")
+                    continue
+                calls[(path, variant.name)] = call
                 cosine = min(min_cosine(g, reference.encode(r.texts, normalize_embeddings=True))
                              for g, r in zip(got, requests)) if PATHS[path][2] else None
                 if cosine is not None and cosine < MIN_COSINE:
@@ -317,12 +324,13 @@ def sequential(settings: Settings, variants, requests, reference, inproc) -> tup
     return paths, {"inproc": inproc_stats, "machine_busy_before_rounds": busy}
 
 
-def load(settings: Settings, variants, requests) -> list[dict]:
-    """Closed-loop cells; `load_rounds` windows per server, alternating order, summed (p50/p99: round means)."""
+def load(settings: Settings, variants, requests, pairs: set) -> list[dict]:
+    """Closed-loop cells on the (path, server) pairs in `pairs`; `load_rounds` windows per server,
+    alternating order, summed (p50/p99: round means)."""
     cells = []
     for path in settings.load_paths:
         for concurrency in settings.concurrencies:
-            mine = [v for v in variants if v.name == "current" or path not in ONLY_CURRENT]
+            mine = [v for v in variants if (path, v.name) in pairs]
             windows: dict = {v.name: [] for v in mine}
             for r in range(settings.load_rounds):
                 for variant in mine if r % 2 == 0 else mine[::-1]:
@@ -341,6 +349,7 @@ def load(settings: Settings, variants, requests) -> list[dict]:
                     procstat.add(cpu, window_cpu)
                 cell["results"][name] = {
                     "requests_per_s": done / seconds, "seconds": seconds, "requests": done,
+                    "client_cpu_ms_per_request": float(np.mean([s["client_cpu_ms_per_request"] for s, _, _ in items])),
                     "p50_ms": float(np.mean([s["p50_ms"] for s, _, _ in items])),
                     "p99_ms": float(np.mean([s["p99_ms"] for s, _, _ in items])),
                     "server_cpu_ms_per_request": 1e3 * sum(cpu.values()) / served,
@@ -387,7 +396,8 @@ def run(model_dir: str | None, compare: list[str], settings: Settings, out_json:
                 result["overhead_p50_ms"] = result["p50_ms"] - result["model_ms"]
                 result["overhead_p99_ms"] = result["p99_ms"] - result["model_ms"]
         out_json.write_text(json.dumps(results, indent=1))
-        results["load"] = load(settings, variants, requests)
+        results["load"] = load(settings, variants, requests,
+                               {(path, name) for path, by_variant in results["paths"].items() for name in by_variant})
     finally:
         for variant in (v for v in variants if v.server is not None):
             try:
@@ -446,8 +456,8 @@ def markdown(results: dict) -> str:
     lines += ["", f"In-process ({results['inproc']['torch_threads']} torch threads), p50 / p99 ms: `ModelRunner.step` "
               f"{_f(step['p50_ms'], 3)} / {_f(step['p99_ms'], 3)}; tokenizer {_f(tok['p50_ms'], 3)} / "
               f"{_f(tok['p99_ms'], 3)}.", "", "## Concurrent clients (closed loop, single texts)", "",
-              "| path | clients | server | requests/s | p50 / p99 ms | server CPU ms/req | current vs this (req/s, CPU) "
-              "| machine busy before |", "|---" * 8 + "|"]
+              "| path | clients | server | requests/s | p50 / p99 ms | server CPU ms/req | client CPU ms/req "
+              "| current vs this (req/s, CPU) | machine busy before |", "|---" * 9 + "|"]
     for cell in results.get("load", []):
         cur = cell["results"].get("current")
         for name in (n for n in variants if n in cell["results"]):
@@ -455,6 +465,7 @@ def markdown(results: dict) -> str:
             mine = (f"{cur['requests_per_s'] / r['requests_per_s']:.2f}x, {_ratio(cur['server_cpu_ms_per_request'], r['server_cpu_ms_per_request'])}"
                     if cur and name != "current" else "-")
             lines.append(f"| `{cell['path']}` | {cell['concurrency']} | {name} | {r['requests_per_s']:.0f} | "
-                         f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['server_cpu_ms_per_request'])} | {mine} | "
+                         f"{_f(r['p50_ms'])} / {_f(r['p99_ms'])} | {_f(r['server_cpu_ms_per_request'])} | "
+                         f"{_f(r.get('client_cpu_ms_per_request'))} | {mine} | "
                          f"{r['machine_busy_before']:.0%} |")
     return "\n".join(lines) + "\n"

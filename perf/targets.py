@@ -139,7 +139,9 @@ def _client_process(spec, requests, duration, offset, barrier, results):
         call = spec.connect()
         call(requests[offset % len(requests)])  # connect + first-call costs stay out of the window
         barrier.wait()
-        results.put(closed_loop(call, requests, time.time(), duration, offset))
+        cpu_before = time.process_time()  # this client's process: every thread of its library
+        part = closed_loop(call, requests, time.time(), duration, offset)
+        results.put({**part, "client_cpu_s": time.process_time() - cpu_before})
     except Exception as exc:  # reported to the parent, which fails the cell
         barrier.abort()
         results.put({"error": f"{type(exc).__name__}: {exc}"})
@@ -171,7 +173,10 @@ def process_loop(spec, requests: list[Request], concurrency: int, duration: floa
     errors = [p["error"] for p in parts if "error" in p]
     if errors or len(parts) < concurrency:
         raise RuntimeError(f"{label}: client failed: {errors or 'a client process died'}")
-    return combine(parts)
+    combined = combine(parts)
+    combined["client_cpu_ms_per_request"] = (1e3 * sum(p["client_cpu_s"] for p in parts)
+                                             / max(1, sum(p["requests"] for p in parts)))
+    return combined
 
 
 class ServedTarget:

@@ -16,8 +16,9 @@ Batch-class budget: a batch carries at most `max_batch_class_tokens` tokens of b
 (default: the whole budget), and a batch that carries interactive work at most
 `max_backfill_tokens` of it (default: the batch-class budget). On a CPU a step's time grows with
 every token, and a step, once formed, is never pre-empted: a smaller batch-class budget keeps the
-steps an interactive request waits behind short, and a smaller backfill keeps its own step as
-short as if no batch work were queued, at no cost to bulk throughput past saturation.
+steps an interactive request waits behind short, at no cost to bulk throughput past saturation; a
+smaller backfill keeps its own step as short as if no batch work were queued, at the cost of the
+batch class's share of the steps while interactive work keeps arriving.
 Invariants: a sequence is never split; a sequence longer than the budget leaves
 alone; otherwise a batch never exceeds the budget or the cap; within a class,
 sequences leave in arrival order; the first of the order always leaves in the
