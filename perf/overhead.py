@@ -108,8 +108,8 @@ class Settings:
     def only(self, paths: list[str]) -> "Settings":
         if unknown := sorted(set(paths) - set(PATHS)):
             raise SystemExit(f"unknown path(s) {unknown}; known: {', '.join(PATHS)}")
-        return replace(self, paths=tuple(p for p in PATHS if p in paths),
-                       load_paths=tuple(p for p in (*self.load_paths, *OPT_IN) if p in paths))
+        named = tuple(p for p in PATHS if p in paths)
+        return replace(self, paths=named, load_paths=named)  # each named path gets its load cells too
 
     def scaled(self, factor: float) -> "Settings":
         return replace(self, per_round=max(5, int(self.per_round * factor)),
