@@ -58,7 +58,7 @@ def describe() -> dict:
             flags = next((ln for ln in f if ln.startswith("flags")), "")
     except OSError:
         pass
-    isa = [f for f in ("avx2", "avx512f", "amx_tile") if f" {f}" in flags]
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
     try:  # a device machine may have no git: GIT_COMMIT (gpu_check.sh sets it where git runs) then
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(__file__)).stdout.strip()
