@@ -34,14 +34,18 @@ class SdpaBackend:
              key_lens: np.ndarray | None = None) -> SdpaPlan:
         starts = cu_seqlens[:-1].astype(np.int64)
         lens = np.diff(cu_seqlens).astype(np.int64)
-        keys = lens if key_lens is None else np.asarray(key_lens, dtype=np.int64)
-        groups, group_keys = [], []
-        for length, key_len in np.unique(np.stack([lens, keys], axis=1), axis=0):
-            group_starts = starts[(lens == length) & (keys == key_len)]
-            index = group_starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
-            groups.append(host_tensor(index, device).to(device, non_blocking=True))
-            group_keys.append(int(key_len))
-        return SdpaPlan(tuple(groups), () if key_lens is None else tuple(group_keys))
+        if key_lens is None:  # by length alone: 1-D unique, several times cheaper than unique rows
+            return SdpaPlan(tuple(self._group(starts, lens == length, length, device) for length in np.unique(lens)))
+        keys = np.asarray(key_lens, dtype=np.int64)
+        pairs = np.unique(np.stack([lens, keys], axis=1), axis=0)
+        return SdpaPlan(tuple(self._group(starts, (lens == length) & (keys == key_len), length, device)
+                              for length, key_len in pairs), tuple(int(key_len) for _, key_len in pairs))
+
+    @staticmethod
+    def _group(starts: np.ndarray, members: np.ndarray, length: int, device: torch.device) -> torch.Tensor:
+        """[members, length] token indices of the sequences starting at starts[members]."""
+        index = starts[members][:, None] + np.arange(length, dtype=np.int64)[None, :]
+        return host_tensor(index, device).to(device, non_blocking=True)
 
     def graph_plan(self, num_seqs: int, num_tokens: int, device: torch.device, max_seqlen: int):
         raise NotImplementedError("the sdpa backend's plan depends on sequence lengths; it cannot be graphed")
