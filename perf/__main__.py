@@ -62,7 +62,8 @@ def main(argv=None) -> None:
     run.add_argument("--clients", help="overhead: concurrent clients of the load cells (default 1,8); "
                                       "perf_analyzer: its concurrency values (default 1,4,16,64,128)")
     run.add_argument("--server-env", action="append", metavar="KEY=VALUE",
-                     help="mix: environment of the server it starts (e.g. ROSE_MAX_BATCH_TOKENS=2048)")
+                     help="environment of our server the run starts (e.g. ROSE_DTYPE=bfloat16); every "
+                          "profile but overhead, perf_analyzer and gpu-served")
     run.add_argument("--admin-key", help="perf_analyzer with --grpc-url: the server's admin key")
     run.add_argument("--no-gemm", action="store_true", help="skip the dense-GEMM reading")
     run.add_argument("--quiet-wait", type=float, default=120.0,

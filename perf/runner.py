@@ -122,6 +122,14 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
     return results
 
 
+def server_env(args) -> dict:
+    """--server-env KEY=VALUE ... as a dict (the environment of the server this run starts)."""
+    pairs = args.server_env or []
+    if bad := [kv for kv in pairs if "=" not in kv]:
+        raise SystemExit(f"--server-env takes KEY=VALUE, got {bad}")
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
 def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
     """Targets by name; ours served by a tritonserver started here unless --grpc-url/--gateway-url."""
     grpc_url, gateway_url = args.grpc_url, args.gateway_url
@@ -129,8 +137,9 @@ def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
         extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
         log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
         log(f"starting tritonserver (log {log_dir / 'server.log'})")
-        server = TritonServer(log_dir / "server.log", env={"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {},
-                              extra_args=extra, ready_timeout=600, gateway="gateway" in names)
+        env = {**({"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}), **server_env(args)}
+        server = TritonServer(log_dir / "server.log", env=env, extra_args=extra, ready_timeout=600,
+                              gateway="gateway" in names)
         stack.append(server.stop)
         grpc_url, gateway_url = grpc_url or server.grpc_url, gateway_url or server.gateway_url
     targets = {}
@@ -173,6 +182,8 @@ def measure(args, out_json: Path, machine: dict) -> dict:
                               (args.quiet_busy, args.quiet_wait))
         for name in results["targets"]:
             results["targets"][name]["label"] = LABELS.get(name, name)
+        if env := server_env(args):
+            results["notes"].append("Our server's environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
     finally:
         for stop in reversed(stack):
             try:

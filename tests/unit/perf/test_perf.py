@@ -8,7 +8,7 @@ import pytest
 from perf import mix, report
 from perf.measure import combine, latency_stats, min_cosine
 from perf.profiles import PROFILES, Cell, select
-from perf.runner import skip_reason
+from perf.runner import server_env, skip_reason
 from perf.texts import TextMaker
 
 
@@ -153,3 +153,13 @@ def test_machine_description_without_git_takes_the_commit_from_the_environment(m
     monkeypatch.setenv("PATH", "/nonexistent")  # no git to run, as on the device machine
     monkeypatch.setenv("GIT_COMMIT", "abc1234")
     assert machine.describe()["git_commit"] == "abc1234"
+
+
+def test_server_env_takes_key_value_pairs_and_refuses_others():
+    import argparse
+
+    assert server_env(argparse.Namespace(server_env=None)) == {}
+    parsed = server_env(argparse.Namespace(server_env=["ROSE_DTYPE=bfloat16", "ROSE_QUERY_PREFIX=q: a=b"]))
+    assert parsed == {"ROSE_DTYPE": "bfloat16", "ROSE_QUERY_PREFIX": "q: a=b"}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        server_env(argparse.Namespace(server_env=["ROSE_DTYPE"]))
