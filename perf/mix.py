@@ -19,7 +19,7 @@ from rose_triton.server import TritonServer
 from .machine import machine_line
 from .measure import closed_loop, combine, latency_stats, log, min_cosine
 from .profiles import Cell
-from .runner import Reference, model_info
+from .runner import Reference, model_info, server_env
 from .targets import RoseStream
 from .texts import Request, TextMaker
 
@@ -127,8 +127,7 @@ def measure(args, out_json, machine: dict) -> dict:
     bulk_tokens = min(sizes["bulk_tokens"], model["max_positions"])
     bulk = [maker.request([maker.text(bulk_tokens, rng) for _ in range(sizes["bulk_texts"])]) for _ in range(8)]
     queries = [maker.request([maker.text(sizes["query_tokens"], rng)]) for _ in range(32)]
-    env = {**({"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}),
-           **dict(kv.split("=", 1) for kv in (args.server_env or []))}
+    env = {**({"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}), **server_env(args)}
     log_dir = Path(tempfile.mkdtemp(prefix="perf-mix-"))
     log(f"mix: starting tritonserver (log {log_dir / 'server.log'}), environment {env}")
     started = datetime.datetime.now().isoformat(timespec="seconds")
