@@ -20,6 +20,11 @@ MULTI_COLBERT = "colbert-tiny"  # and its random-weight ColBERT (PyLate's layout
 os.environ.setdefault("ROSE_GATEWAY_WORKERS", "1")
 # Their Batch API is off (no folder shared between servers), but for the `server` fixture's, in its folder.
 os.environ.setdefault("ROSE_GATEWAY_DATA_DIR", "")
+# `dtype=auto` serves float32 on this machine's CPU, as it does on one without native bf16, so the
+# suite holds served rows to float32 references at float32 tolerances on any CPU. The tests of
+# the bf16 default set ROSE_CPU_BF16=auto themselves: tests/unit/runner/test_auto_dtype.py and
+# tests/e2e/test_auto_dtype_e2e.py.
+os.environ.setdefault("ROSE_CPU_BF16", "off")
 
 
 # scripts/test.sh runs the server tests as two pytest runs at once: ROSE_TEST_SHARD=own_server

@@ -9,6 +9,7 @@ import torch
 
 from engine_lib.attention import AttentionShape, select_backend
 from engine_lib.contract import LazyTensor, PackedBatch
+from engine_lib.device.cpu_features import auto_cpu_bf16
 from engine_lib.device.cuda_env import check_cuda_fits
 from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor
 from engine_lib.model_folder import ModelFolder
@@ -23,6 +24,7 @@ from engine_lib.runner import self_check as probes
 from engine_lib.runner.cuda_graphs import Capture, CudaGraphCapture, GraphBuckets, GraphRunner, GraphStats
 from engine_lib.runner.inputs import INPUT_IDS, POSITIONS, SEQ_IDS, TOKEN_TYPES, step_inputs
 from engine_lib.runner.ragged_outputs import RaggedResult, colbert_rows, expansion_key_lens, m3_rows, splade_rows
+from engine_lib.runner.self_check import SelfCheckError
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,8 +54,9 @@ def on_device(device: torch.device):
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA, and on a CPU with native bf16 (engine_lib/device/cpu_features.py); else float32."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or auto_cpu_bf16() else torch.float32
     return DTYPES[name]
 
 
@@ -71,6 +74,8 @@ class ModelRunner:
     At load the built-in probe batch runs through the served path (warming lazily
     compiled kernels, e.g. FlashInfer's) and, in a half dtype, is checked against a
     float32 copy on the same device (self_check.py); `self_check_cosine` keeps the figure.
+    dtype "auto": bfloat16 on CUDA and on a CPU with native bf16 (resolve_dtype); where `auto`
+    chose bfloat16 on a CPU and the self-check refuses it, float32 serves instead (one log line).
 
     cpu_linear: "auto" packs every Linear for oneDNN once at load when on CPU and the
     probe passes (models/cpu_linear.py; else F.linear and one log line), "onednn"
@@ -91,7 +96,23 @@ class ModelRunner:
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # this (loading) thread; step() sets it for the others
-        self.dtype = resolve_dtype(dtype, self.device)
+        settings = dict(attention_backend=attention_backend, cuda_graphs=cuda_graphs,
+                        max_graph_tokens=max_graph_tokens, max_graph_seqs=max_graph_seqs, max_graphs=max_graphs,
+                        graph_capture=graph_capture, task=task, self_check=self_check, cpu_linear=cpu_linear,
+                        cpu_compile=cpu_compile, compile_cache_dir=compile_cache_dir)
+        chosen = resolve_dtype(dtype, self.device)
+        try:
+            self._load(folder, chosen, **settings)
+        except SelfCheckError as exc:
+            if not (dtype == "auto" and self.device.type == "cpu" and chosen != torch.float32):
+                raise
+            log.warning("dtype=auto: %s; serving float32 instead", exc)
+            self._load(folder, torch.float32, **settings)
+
+    def _load(self, folder: ModelFolder, dtype: torch.dtype, attention_backend: str, cuda_graphs: str,
+              max_graph_tokens: int, max_graph_seqs: int, max_graphs: int | None, graph_capture: Capture | None,
+              task: str, self_check: bool, cpu_linear: str, cpu_compile: str, compile_cache_dir: str) -> None:
+        self.dtype = dtype
         cfg = folder.config
         cls = model_class(cfg)
         self.attention_shape = AttentionShape.from_config(cfg, cls.is_causal(cfg))
