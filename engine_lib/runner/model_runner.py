@@ -9,7 +9,7 @@ import torch
 
 from engine_lib.attention import AttentionShape, select_backend
 from engine_lib.contract import LazyTensor, PackedBatch
-from engine_lib.device.cpu_features import auto_cpu_bf16
+from engine_lib.device.cpu_features import auto_cpu_bf16, bf16_pays
 from engine_lib.device.cuda_env import check_cuda_fits
 from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor
 from engine_lib.model_folder import ModelFolder
@@ -74,7 +74,8 @@ class ModelRunner:
     At load the built-in probe batch runs through the served path (warming lazily
     compiled kernels, e.g. FlashInfer's) and, in a half dtype, is checked against a
     float32 copy on the same device (self_check.py); `self_check_cosine` keeps the figure.
-    dtype "auto": bfloat16 on CUDA and on a CPU with native bf16 (resolve_dtype); where `auto`
+    dtype "auto": bfloat16 on CUDA and on a CPU with native bf16 (resolve_dtype) for a model large
+    enough to gain (cpu_features.bf16_pays); where `auto`
     chose bfloat16 on a CPU and the self-check refuses it, float32 serves instead (one log line).
 
     cpu_linear: "auto" packs every Linear for oneDNN once at load when on CPU and the
@@ -101,6 +102,8 @@ class ModelRunner:
                         graph_capture=graph_capture, task=task, self_check=self_check, cpu_linear=cpu_linear,
                         cpu_compile=cpu_compile, compile_cache_dir=compile_cache_dir)
         chosen = resolve_dtype(dtype, self.device)
+        if dtype == "auto" and self.device.type == "cpu" and not bf16_pays(folder.config):
+            chosen = torch.float32
         try:
             self._load(folder, chosen, **settings)
         except SelfCheckError as exc:

@@ -10,7 +10,7 @@ import torch
 
 from engine_lib.contract import PackedBatch
 from engine_lib.device import cpu_features
-from engine_lib.device.cpu_features import CPU_BF16_ENV, auto_cpu_bf16, cpu_flags, native_bf16
+from engine_lib.device.cpu_features import CPU_BF16_ENV, auto_cpu_bf16, bf16_pays, cpu_flags, native_bf16
 from engine_lib.runner import model_runner
 from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.runner.self_check import MIN_COSINE, SelfCheckError
@@ -47,8 +47,8 @@ def test_cpu_flags_reads_the_first_processor(tmp_path):
 def folders(tmp_path_factory):
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, max_position_embeddings=256)
+    config = BertConfig(vocab_size=256, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=256)  # large enough: bf16_pays
     plain = tmp_path_factory.mktemp("bert")
     model = save_random_model(BertModel, config, plain, seed=41)
     # Every word embedding offset by 1000: float32 keeps the ~0.02 signal on top (spacing 6e-5 there),
@@ -57,7 +57,10 @@ def folders(tmp_path_factory):
     with torch.no_grad():
         model.embeddings.word_embeddings.weight.add_(1000.0)
     model.save_pretrained(offset)
-    return {"plain": plain, "offset": offset}
+    small = tmp_path_factory.mktemp("bert_small")
+    save_random_model(BertModel, BertConfig(vocab_size=256, hidden_size=128, intermediate_size=512, num_hidden_layers=1,
+                                            num_attention_heads=2, max_position_embeddings=256), small, seed=42)
+    return {"plain": plain, "offset": offset, "small": small}
 
 
 def test_auto_on_this_cpu_serves_what_its_flags_say(folders, monkeypatch):
@@ -68,6 +71,16 @@ def test_auto_on_this_cpu_serves_what_its_flags_say(folders, monkeypatch):
         assert MIN_COSINE <= engine.self_check_cosine < 1.0
     else:
         assert engine.dtype == torch.float32 and engine.self_check_cosine == 1.0
+
+
+def test_auto_keeps_a_model_too_small_to_gain_in_float32(folders, monkeypatch):
+    monkeypatch.setattr(model_runner, "auto_cpu_bf16", lambda: True)  # as on a CPU with native bf16
+    assert bf16_pays({"hidden_size": 256, "intermediate_size": 1024})
+    assert not bf16_pays({"hidden_size": 128, "intermediate_size": 512})
+    assert not bf16_pays({"hidden_size": 128})  # intermediate_size absent: 4 x hidden
+    assert ModelRunner(str(folders["small"]), device="cpu").dtype == torch.float32
+    assert ModelRunner(str(folders["plain"]), device="cpu").dtype == torch.bfloat16
+    assert ModelRunner(str(folders["small"]), device="cpu", dtype="bfloat16").dtype == torch.bfloat16  # asked for
 
 
 def test_switched_off_auto_serves_float32(folders, monkeypatch):
