@@ -31,6 +31,7 @@
 # ROSE_WATCHDOG_TIMEOUT (seconds a probe waits, default 10), ROSE_WATCHDOG_MAX_TIMEOUTS
 # (probes in a row of one model without an answer that restart the server, default 3),
 # ROSE_CORE_DUMPS=1 (a crashed process writes a core file; Python tracebacks are always logged),
+# ROSE_CPU_BF16=off (dtype=auto serves float32 on every CPU, not bfloat16 where the CPU has AVX512-BF16/AMX),
 # ROSE_GATEWAY_DATA_DIR (the Batch API's files and jobs; default under the user's data folder,
 # ${XDG_DATA_HOME:-~/.local/share}/rose/gateway; set empty, the Batch API is off).
 set -euo pipefail
