@@ -74,9 +74,9 @@ class ModelRunner:
     At load the built-in probe batch runs through the served path (warming lazily
     compiled kernels, e.g. FlashInfer's) and, in a half dtype, is checked against a
     float32 copy on the same device (self_check.py); `self_check_cosine` keeps the figure.
-    dtype "auto": bfloat16 on CUDA and on a CPU with native bf16 (resolve_dtype) for a model large
-    enough to gain (cpu_features.bf16_pays); where `auto`
-    chose bfloat16 on a CPU and the self-check refuses it, float32 serves instead (one log line).
+    dtype "auto": bfloat16 on CUDA, and on a CPU with native bf16 (resolve_dtype) for a model large
+    enough to gain (cpu_features.bf16_pays); where `auto` chose bfloat16 on a CPU and the
+    self-check refuses it, float32 serves instead (one log line).
 
     cpu_linear: "auto" packs every Linear for oneDNN once at load when on CPU and the
     probe passes (models/cpu_linear.py; else F.linear and one log line), "onednn"
