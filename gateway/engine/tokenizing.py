@@ -63,7 +63,7 @@ class GatewayTokenizer:
         return result
 
     def encode_many(self, requests: list[tuple[list[str], RequestOptions]]) -> list[RaggedTokens | ApiError]:
-        """Several requests through one `encode_batch` (chunking=mean ones each on their own: their
+        """Several requests through one `encode_batch_fast` (chunking=mean ones each on their own: their
         windows); a refused one gets its error (400; 413 past max_windows_per_text), the others their ids."""
         results: list = [None] * len(requests)
         plain = [r for r, (_, options) in enumerate(requests) if options.chunking != "mean"]
