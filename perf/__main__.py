@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -42,6 +43,12 @@ def cmd_run(args) -> None:
         raise SystemExit(f"profile {args.profile}: its checks failed (see {out_json})")
 
 
+def model_dir_arg(value: str) -> str:
+    """--model-dir: an existing folder as an absolute path (servers of --compare refs start in their
+    own worktrees), anything else as given (a model name such as `default`)."""
+    return os.path.abspath(value) if os.path.isdir(value) else value
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,7 +61,7 @@ def main(argv=None) -> None:
     run.add_argument("--dry-run", action="store_true", help="gpu-served: a tiny model on CPU, small sizes (CI)")
     run.add_argument("--grpc-url", help="use a running server (ours) instead of starting one")
     run.add_argument("--gateway-url", help="use a running gateway (e.g. http://127.0.0.1:8080) for target gateway")
-    run.add_argument("--model-dir", help="model folder (default: the embedded all-MiniLM-L6-v2)")
+    run.add_argument("--model-dir", type=model_dir_arg, help="model folder (default: the embedded all-MiniLM-L6-v2)")
     run.add_argument("--out", help="output folder (default: perf/results/<machine>)")
     run.add_argument("--compare", help="overhead: also serve these git refs (comma list), same run; the ref "
                                        "`traces`: this tree with traces on, every request sampled; perf_analyzer: the same sweep "
@@ -72,7 +79,7 @@ def main(argv=None) -> None:
     run.add_argument("--quiet-busy", type=float, default=0.25, help="busy fraction of all cores counted as quiet")
     peer = sub.add_parser("setup", help="install a peer (ort, vllm, infinity, perf-analyzer)")
     peer.add_argument("name")
-    peer.add_argument("--model-dir")
+    peer.add_argument("--model-dir", type=model_dir_arg)
     rep = sub.add_parser("report", help="re-render the markdown of a results JSON")
     rep.add_argument("json", type=Path)
     table = sub.add_parser("readme-table", help="print the README's performance table from perf/results/")

@@ -163,3 +163,12 @@ def test_server_env_takes_key_value_pairs_and_refuses_others():
     assert parsed == {"ROSE_DTYPE": "bfloat16", "ROSE_QUERY_PREFIX": "q: a=b"}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         server_env(argparse.Namespace(server_env=["ROSE_DTYPE"]))
+
+
+def test_model_dir_is_made_absolute_only_for_an_existing_folder(tmp_path, monkeypatch):
+    from perf.__main__ import model_dir_arg
+
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert model_dir_arg("folder") == str(tmp_path / "folder")  # --compare servers start elsewhere
+    assert model_dir_arg("default") == "default"  # a model name, not a path
