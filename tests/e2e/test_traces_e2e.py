@@ -130,7 +130,16 @@ def complete(receiver: Receiver, trace_id: str, encoder_spans: int = 1):
         done = (any(s["name"].startswith("POST ") for s in spans) and names.count("rose_encoder") >= encoder_spans
                 and all(names.count(stage) >= encoder_spans for stage in ENCODER_STAGES))
         return spans if done else None
-    return wait_until(ready, 60, f"the spans of trace {trace_id}", 0.05)
+    return wait_until(ready, 60, lambda: f"the spans of trace {trace_id}; in: {arrived(receiver, trace_id)}", 0.05)
+
+
+def arrived(receiver: Receiver, trace_id: str, server_log=None) -> str:
+    """What a timed-out wait did get: each span of the trace as service/name, and the server log's
+    lines about sending spans (the stubs' failed sends, Triton's OTLP client errors)."""
+    spans = sorted(f"{s['service']}/{s['name']}" for s in receiver.trace(trace_id))
+    lines = [line for line in server_log.read_text(errors="replace").splitlines()
+             if "spans to" in line or "OTLP" in line] if server_log else []
+    return f"{spans}; the server log on sending spans: {lines[-20:]}"
 
 
 def check_linked(spans: list[dict], client_span: str) -> dict:
@@ -220,7 +229,9 @@ def test_a_direct_triton_call_continues_the_clients_trace_into_the_encoder(trace
         spans = receiver.trace(trace_id)
         names = [s["name"] for s in spans]
         return spans if names.count("rose_encoder") == 2 and ENCODER_STAGES <= set(names) and "embed" in names else None
-    by_name = check_linked(wait_until(ready, 60, "Triton's and the encoder's spans", 0.05), client_span)
+    spans = wait_until(ready, 60, lambda: "Triton's and the encoder's spans; in: "
+                       f"{arrived(receiver, trace_id, server.log_path)}", 0.05)
+    by_name = check_linked(spans, client_span)
     (front,) = by_name["embed"]
     triton_encoder = next(s for s in by_name["rose_encoder"] if s["service"] != "rose-triton")
     stub_encoder = next(s for s in by_name["rose_encoder"] if s["service"] == "rose-triton")
