@@ -52,14 +52,16 @@ def group_requests(keyed: Sequence[tuple[int, str, dict, Sequence[str]]]) -> lis
 
 def merge_tokens(tokenized: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The tokenizer's wire tensors of several requests as one request's: ids and lengths concatenated;
-    TEXT_WINDOWS (windows per text) when any request has them, one window a text for the rest."""
+    TEXT_WINDOWS (windows per text) kept when any request has them, one window a text for the rest."""
     merged = {INPUT_IDS: np.concatenate([t[INPUT_IDS] for t in tokenized]),
               SEQ_LENS: np.concatenate([t[SEQ_LENS] for t in tokenized])}
-    windows = [t.get(TEXT_WINDOWS) for t in tokenized]
-    if any(w is not None and w.size for w in windows):
-        merged[TEXT_WINDOWS] = np.concatenate([
-            w if w is not None and w.size else np.ones(len(t[SEQ_LENS]), dtype=np.int64)
-            for t, w in zip(tokenized, windows)])
+    if TEXT_WINDOWS in tokenized[0]:
+        if any(t[TEXT_WINDOWS].size for t in tokenized):
+            merged[TEXT_WINDOWS] = np.concatenate([
+                t[TEXT_WINDOWS] if t[TEXT_WINDOWS].size else np.ones(len(t[SEQ_LENS]), dtype=np.int64)
+                for t in tokenized])
+        else:
+            merged[TEXT_WINDOWS] = tokenized[0][TEXT_WINDOWS]
     return merged
 
 

@@ -29,17 +29,20 @@ def _required(tensors: Tensors, name: str) -> np.ndarray:
     return array
 
 
+def _or_empty(array: np.ndarray | None) -> np.ndarray:
+    return np.zeros(0, dtype=np.int64) if array is None else array
+
+
 def wire_tensors(tokens: RaggedTokens, optional: str) -> dict[str, np.ndarray]:
     """The encoder's input tensors of `tokens`: INPUT_IDS, SEQ_LENS and the step's `optional` one
-    (TEXT_WINDOWS or TOKEN_TYPE_IDS) when the tokens have it."""
+    (TEXT_WINDOWS or TOKEN_TYPE_IDS), empty when the tokens have none."""
     extra = tokens.windows if optional == TEXT_WINDOWS else tokens.token_types
-    tensors = {INPUT_IDS: tokens.input_ids, SEQ_LENS: tokens.seq_lens}
-    return tensors if extra is None else {**tensors, optional: extra}
+    return {INPUT_IDS: tokens.input_ids, SEQ_LENS: tokens.seq_lens, optional: _or_empty(extra)}
 
 
 class TextStep:
-    """TEXT -> INPUT_IDS + SEQ_LENS, + TEXT_WINDOWS when chunking (request options: input_type, truncate,
-    truncation_direction, chunking). Without chunking no TEXT_WINDOWS is sent: one sequence a text."""
+    """TEXT -> INPUT_IDS + SEQ_LENS + TEXT_WINDOWS (request options: input_type, truncate,
+    truncation_direction, chunking; TEXT_WINDOWS is empty, one sequence a text, unless chunking)."""
     config_cls = TokenizerConfig
     inputs = (TEXT,)
 
@@ -72,7 +75,7 @@ class TextStep:
 
 
 class PairStep:
-    """QUERY + DOCUMENTS -> INPUT_IDS + SEQ_LENS, + TOKEN_TYPE_IDS for families with segments."""
+    """QUERY + DOCUMENTS -> INPUT_IDS + SEQ_LENS + TOKEN_TYPE_IDS (empty for families without segments)."""
     config_cls = PairTokenizerConfig
     inputs = (QUERY, DOCUMENTS)
 

@@ -48,7 +48,7 @@ def test_text_step_gives_the_folder_tokenizers_ids_with_the_configured_prefix(te
                                                                               input_type, prefix):
     out = text_step({"TEXT": as_bytes(TEXTS)}, json.dumps({"input_type": input_type, "normalize": False}))
     expected = [reference_tokenizer.encode(prefix + t).ids for t in TEXTS]
-    assert set(out) == {"INPUT_IDS", "SEQ_LENS"}  # no chunking: no TEXT_WINDOWS
+    assert set(out) == {"INPUT_IDS", "SEQ_LENS", "TEXT_WINDOWS"} and out["TEXT_WINDOWS"].size == 0  # no chunking
     assert out["SEQ_LENS"].dtype == np.int64 and out["SEQ_LENS"].tolist() == [len(e) for e in expected]
     assert out["INPUT_IDS"].tolist() == [i for e in expected for i in e]
 
@@ -117,10 +117,10 @@ def test_pair_step_gives_the_pair_template_and_segments(reranker_folders):
     assert 1 in out["TOKEN_TYPE_IDS"]
 
 
-def test_pair_step_without_segments_sends_no_token_types_and_refuses_by_name(reranker_folders):
+def test_pair_step_without_segments_sends_empty_token_types_and_refuses_by_name(reranker_folders):
     step = PairStep(PairTokenizerConfig(model_dir=reranker_folders["qwen3"]))
     out = step({"QUERY": as_bytes(["q"]), "DOCUMENTS": as_bytes(["d one", "d two"])}, None)
-    assert set(out) == {"INPUT_IDS", "SEQ_LENS"} and out["SEQ_LENS"].size == 2
+    assert out["TOKEN_TYPE_IDS"].size == 0 and out["SEQ_LENS"].size == 2
     with pytest.raises(InputError, match="DOCUMENTS\\[1\\] is empty"):
         step({"QUERY": as_bytes(["q"]), "DOCUMENTS": as_bytes(["d", " "])}, None)
     with pytest.raises(InputError, match="unknown request parameter"):
