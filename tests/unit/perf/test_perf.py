@@ -123,6 +123,20 @@ def test_readme_table_has_a_row_per_cell_and_a_column_per_target(tmp_path):
     assert readme.read_text() == f"# T\n\n{report.README_BEGIN}\n{table}{report.README_END}\nend\n"
 
 
+def test_readme_table_shows_each_profile_once_from_the_machine_that_ran_it_last(tmp_path):
+    results = tmp_path / "perf" / "results"
+    for machine, date in (("old-2c", "2026-11-30"), ("new-2c", "2026-12-03")):
+        (results / machine).mkdir(parents=True)
+        body = _results()
+        (results / machine / "cpu.json").write_text(json.dumps({**body, "profile": "cpu",
+                                                                "machine": {**body["machine"], "date": date}}))
+    (results / "old-2c" / "gateway.json").write_text(json.dumps({**_results(), "profile": "gateway"}))
+    table = report.readme_table(results, tmp_path)
+    assert "perf/results/new-2c/cpu.md" in table and "perf/results/old-2c/cpu.md" not in table
+    assert "perf/results/old-2c/gateway.md" in table  # a profile only one machine ran stays
+    assert table.index("**`gateway`**") < table.index("**`cpu`**")  # the profiles' order, not the machines'
+
+
 def test_mix_summary_checks_its_targets_and_the_report_renders():
     def phase(p50, p99, emb):
         return {"interactive": {"p50_ms": p50, "p99_ms": p99, "n": 10}, "bulk": {"embeddings_per_s": emb}}
