@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -16,8 +17,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+PORT_ATTEMPTS = 4  # launches on fresh ports when another process took one before Triton bound it
+
+
+class PortTakenError(RuntimeError):
+    """The server exited because a port it was given was already in use."""
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port no process holds, drawn from just below the kernel's ephemeral range: the
+    ports outgoing connections get come from that range, so none of them can take this one between
+    this check and the server's bind (another listener still can: `TritonServer` then retries)."""
+    top = _ephemeral_ports_start()
+    for _ in range(100):
+        port = random.randrange(max(1024, top - 10000), top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that whole band is held: let the kernel pick one
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -35,13 +62,24 @@ class TritonServer:
         `gateway`: also start the OpenAI-compatible gateway (`gateway_url`; ready counts it).
         `root`: the checkout whose launcher and models to serve (perf compares two commits)."""
         self.admin_key = admin_key
+        self.log_path = log_path
         env = {**(env or {}), **({"ROSE_ADMIN_KEY": admin_key} if admin_key else {})}
+        for attempt in range(PORT_ATTEMPTS):
+            self._launch(env, extra_args, serve_args, gateway, root)
+            try:
+                self._wait_ready(ready_timeout)
+                return
+            except PortTakenError:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+
+    def _launch(self, env: dict, extra_args: list[str] | None, serve_args: list[str] | None,
+                gateway: bool, root: Path) -> None:
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.http_url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.gateway_url = f"http://127.0.0.1:{free_port()}" if gateway else None
-        self.log_path = log_path
         self.shm_prefix = f"rose_server_{os.getpid()}_{secrets.token_hex(4)}_"
         self.tmpdir = tempfile.mkdtemp(prefix="rose-server.")
         cmd = [str(Path(root) / "scripts" / "serve.sh"), "--http-port", str(self.http_port),
@@ -49,11 +87,10 @@ class TritonServer:
                *(["--gateway-port", self.gateway_url.rsplit(":", 1)[1]] if gateway else ["--no-gateway"]),
                *(serve_args or [])]
         cmd += ["--", f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}", *(extra_args or [])]
-        self._log = open(log_path, "wb")
+        self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "TMPDIR": self.tmpdir, **(env or {})},
+                                        env={**os.environ, "TMPDIR": self.tmpdir, **env},
                                         start_new_session=True, cwd=root)
-        self._wait_ready(ready_timeout)
 
     def is_ready(self) -> bool:
         urls = [f"http://{self.http_url}/v2/health/ready"] + ([f"{self.gateway_url}/health"] if self.gateway_url else [])
@@ -72,7 +109,8 @@ class TritonServer:
             if self.process.poll() is not None:
                 tail = self.log_tail()
                 self.kill()  # what the launcher's tree left behind
-                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{tail}")
+                error = PortTakenError if "already in use" in tail.lower() else RuntimeError
+                raise error(f"tritonserver exited with {self.process.returncode}:\n{tail}")
             if self.is_ready() and self._bound_its_port():
                 return
             time.sleep(0.5)

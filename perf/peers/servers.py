@@ -4,23 +4,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+from rose_triton.server import free_port
+
 from ..measure import log
 from ..targets import openai_target, peer_python
 
 SERVED_NAME = "bench-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _versions(python: str, names: list[str]) -> dict:
@@ -50,7 +45,7 @@ def _command(name: str, python: str, model_dir: str, port: int) -> tuple[list[st
 def start_openai_peer(name: str, model: dict, stack: list, ready_timeout: float = 600):
     venv = "vllm" if name.startswith("vllm") else name
     python = peer_python(venv)
-    port = _free_port()
+    port = free_port()
     cmd, env = _command(name, python, model["dir"], port)
     log_path = Path(tempfile.mkdtemp(prefix=f"perf-{name}-")) / "server.log"
     log(f"starting {name} on 127.0.0.1:{port} (log {log_path})")
