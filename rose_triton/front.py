@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -19,11 +21,13 @@ from .parameters import config_from_parameters, config_parameters, input_names, 
 
 @dataclass(frozen=True)
 class FrontConfig:
-    """A unary front's config.pbtxt parameters: the two models it chains, and how long it waits
-    for the encoder's answer (`bls_timeout_s`; ROSE_BLS_TIMEOUT_S overrides it, rose_triton/parameters.py)."""
+    """A unary front's config.pbtxt parameters: the two models it chains, how long it waits for the
+    encoder's answer (`bls_timeout_s`), and how many requests one instance has in flight before it
+    refuses more (`max_requests_in_flight`); ROSE_<NAME> overrides each (rose_triton/parameters.py)."""
     tokenizer_model: str
     encoder_model: str
     bls_timeout_s: float = 120.0
+    max_requests_in_flight: int = 32
 
     def __post_init__(self):
         if not self.tokenizer_model or not self.encoder_model:
@@ -31,6 +35,8 @@ class FrontConfig:
         if not (isinstance(self.bls_timeout_s, (int, float)) and math.isfinite(self.bls_timeout_s)
                 and self.bls_timeout_s > 0):
             raise ValueError(f"bls_timeout_s must be a number of seconds > 0, got {self.bls_timeout_s!r}")
+        if not (isinstance(self.max_requests_in_flight, int) and self.max_requests_in_flight > 0):
+            raise ValueError(f"max_requests_in_flight must be an integer > 0, got {self.max_requests_in_flight!r}")
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], **overrides) -> "FrontConfig":
@@ -39,11 +45,12 @@ class FrontConfig:
         if unknown:
             raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(known)}")
         merged = {**params, **{k: v for k, v in overrides.items() if v is not None}}
-        if "bls_timeout_s" in merged:
-            try:
-                merged["bls_timeout_s"] = float(merged["bls_timeout_s"])
-            except ValueError:
-                raise ValueError(f"parameter bls_timeout_s: expected seconds, got {merged['bls_timeout_s']!r}") from None
+        for name, kind, what in (("bls_timeout_s", float, "seconds"), ("max_requests_in_flight", int, "an integer")):
+            if name in merged:
+                try:
+                    merged[name] = kind(merged[name])
+                except ValueError:
+                    raise ValueError(f"parameter {name}: expected {what}, got {merged[name]!r}") from None
         return cls(**{"tokenizer_model": "", "encoder_model": "", **merged})
 
 
@@ -79,6 +86,56 @@ def initialize_front(model, args: dict, pb_utils) -> None:
         raise pb_utils.TritonModelException(f"{args['model_name']}: {exc!r}") from exc
     for name in ("config", "inputs", "outputs", "tokenize", "default_outputs"):
         setattr(model, name, getattr(front, name))
+
+
+class AnswerLoop:
+    """A unary front's requests in flight on an event loop of its own thread. `execute` hands each
+    request over with its response sender and returns (Triton >= 2.48 lets a non-decoupled model
+    answer through the sender), so one instance has many requests in flight, and the encoder
+    receives them together, where an `async def execute` would have one (Triton 2.51 awaits a
+    non-decoupled model's execute before it hands the instance the next request).
+
+    `answer(request)` is a coroutine giving the request's one response; it and `send_final(sender,
+    response)` must not raise. Past
+    `max_in_flight` requests a request is answered at once with an OverloadError (UNAVAILABLE).
+    Sends wait for the server process (an IPC round trip), so they run in the executor, as do
+    async_exec's waits for the encoder (a thread each while it waits)."""
+
+    def __init__(self, name: str, max_in_flight: int, answer, overloaded, send_final):
+        self.max_in_flight, self.answer, self.overloaded, self.send_final = max_in_flight, answer, overloaded, send_final
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(2 * max_in_flight + 2,
+                                                                             thread_name_prefix=f"{name}-io"))
+        self.in_flight = 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"{name}-answers", daemon=True)
+        self.thread.start()
+
+    def submit(self, request, wait: bool = False) -> None:
+        """`wait`: return once the request is answered (a request whose trace its BLS call carries:
+        Triton frees the trace when `execute` returns, and a BLS call with it then crashes the server)."""
+        sender = request.get_response_sender()
+        with self.lock:
+            admitted = self.in_flight < self.max_in_flight
+            self.in_flight += admitted
+        if not admitted:
+            self.send_final(sender, self.overloaded(self.max_in_flight))
+            return
+        answered = asyncio.run_coroutine_threadsafe(self._answer_and_send(request, sender), self.loop)
+        if wait:
+            answered.result()
+
+    async def _answer_and_send(self, request, sender):
+        try:
+            response = await self.answer(request)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+        await self.loop.run_in_executor(None, self.send_final, sender, response)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
 
 
 class EncoderTimeout(OverloadError):

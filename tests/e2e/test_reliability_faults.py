@@ -40,7 +40,8 @@ LIMITS = {  # (model, parameter or queue size) -> value
     ("rose_encoder", "max_queued_tokens"): ("1048576", "6000"),
     ("rose_encoder", "max_queued_requests"): ("2048", "6"),
     ("tokenizer", "max_waiting_requests"): ("128", "2"),
-    ("embed", "max_queue_size"): ("128", "2"),
+    ("embed", "count"): ("4", "1"),  # one instance: its in-flight bound is the front's
+    ("embed", "max_requests_in_flight"): ("32", "2"),
     # Tokenizer settings the unary front must take from the tokenizer's config.pbtxt too.
     ("tokenizer", "max_texts_per_request"): ("4096", "16"),
     ("tokenizer", "query_prefix"): ("", "search_query: "),
@@ -48,7 +49,7 @@ LIMITS = {  # (model, parameter or queue size) -> value
 
 
 def config_line(key, value):
-    return f"{key}: {value}" if key == "max_queue_size" else f'"{key}", value: {{ string_value: "{value}" }}'
+    return f"{key}: {value}" if key == "count" else f'"{key}", value: {{ string_value: "{value}" }}'
 
 
 def small_limits_repository(dest):
@@ -133,8 +134,7 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
 
 
 TOKENIZER_HOLDS = 1 + 2  # the tokenizer lane's request in hand + its 2 waiting (LIMITS)
-EMBED_INSTANCES = 4  # the embed front's instances: each tokenizes, so each holds one request
-EMBED_HOLDS = EMBED_INSTANCES + 2  # + its queue of 2 (LIMITS)
+EMBED_HOLDS = 2  # the embed front's one instance: the request it tokenizes + 1 more in flight (LIMITS)
 
 
 def held_flood(hold, way, url, texts, count, can_hold, first):
@@ -172,12 +172,12 @@ def test_tokenizer_queue_is_bounded(limited):
 
 
 @pytest.mark.parametrize("way, status", [(embed_unary_grpc, "StatusCode.UNAVAILABLE"), (embed_unary_http, 503)])
-def test_unary_front_queue_is_bounded_and_reads_unavailable(limited, way, status):
+def test_unary_front_bounds_its_requests_in_flight_and_reads_unavailable(limited, way, status):
     url = limited.grpc_url if "grpc" in way.__name__ else limited.http_url
-    refused, released = held_flood(limited.tokenizer_hold, way, url, MEDIUM_TEXTS, 12, EMBED_HOLDS,
-                                   first=EMBED_INSTANCES)
+    refused, released = held_flood(limited.tokenizer_hold, way, url, MEDIUM_TEXTS, 12, EMBED_HOLDS, first=1)
     for error in refused:
-        assert error is not None and "Exceeds maximum queue size" in str(error), error
+        assert error is not None and "overloaded: embed has 2 requests in flight" in str(error), error
+        assert "max_requests_in_flight" in str(error), error
         assert (error.status() if status != 503 else int(error.status())) == status
     assert released == [None] * EMBED_HOLDS
 

@@ -6,24 +6,48 @@ The same file serves every unary front of the assembled repository: `embed`
 one the `tokenizer_model` runs, built from that model's config.pbtxt parameters
 and ROSE_* environment, so ids equal the ensemble's; the encoder is `encoder_model`,
 which must answer within `bls_timeout_s` (rose_triton/front.py). It asks the encoder for
-the outputs its client wants (engine_lib/service/outputs.py: requested_outputs).
+the outputs its client wants (engine_lib/service/outputs.py: requested_outputs). Each
+instance answers up to `max_requests_in_flight` requests at once (rose_triton/front.py:
+AnswerLoop).
 """
-import asyncio
 import json
 
 import triton_python_backend_utils as pb_utils
 
+from engine_lib.errors import OverloadError
 from engine_lib.service.outputs import requested_outputs
 from rose_triton.errors import triton_error
-from rose_triton.front import encoder_answer, exec_decoupled, initialize_front
+from rose_triton.front import AnswerLoop, encoder_answer, exec_decoupled, initialize_front
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _send_final(sender, response):
+    try:
+        sender.send(response, flags=FINAL)
+    except Exception as exc:  # the client is gone or the server stops: nothing else to answer
+        pb_utils.Logger.log_warn(f"unary front: could not send a response: {exc!r}")
 
 
 class TritonPythonModel:
     def initialize(self, args):
         initialize_front(self, args, pb_utils)
+        self.name = args["model_name"]
+        self.answers = AnswerLoop(args["model_name"], self.config.max_requests_in_flight, self._answer,
+                                  self._overloaded, _send_final)
 
-    async def execute(self, requests):
-        return await asyncio.gather(*(self._answer(request) for request in requests))
+    def execute(self, requests):
+        for request in requests:
+            self.answers.submit(request, wait=self.traced)
+        return None
+
+    def _overloaded(self, limit):
+        return pb_utils.InferenceResponse(error=triton_error(pb_utils, OverloadError(
+            f"overloaded: {self.name} has {limit} requests in flight in this instance (parameter "
+            f"max_requests_in_flight); retry, or on another replica")))
+
+    def finalize(self):
+        self.answers.close()
 
     async def _answer(self, request):
         try:

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import threading
 
 import pytest
 
 from engine_lib.config import EncoderConfig, PairTokenizerConfig, TokenizerConfig
 from engine_lib.errors import InputError, OverloadError, RequestCancelled
 from rose_triton.errors import relayed_error, triton_error, wire_error
-from rose_triton.front import EncoderTimeout, FrontConfig, exec_decoupled
+from rose_triton.front import AnswerLoop, EncoderTimeout, FrontConfig, exec_decoupled
 from rose_triton.parameters import (
     config_from_parameters,
     config_from_pbtxt,
@@ -195,3 +197,48 @@ def test_a_gpu_instance_runs_on_the_gpu_triton_placed_it_on():
     assert EncoderConfig(device="cuda:1").device == "cuda:1"
     with pytest.raises(ValueError, match="cuda:N"):
         EncoderConfig(device="cuda:x")
+
+
+def test_front_config_reads_the_in_flight_bound_and_refuses_bad_ones():
+    names = {"tokenizer_model": "tokenizer", "encoder_model": "rose_encoder"}
+    assert FrontConfig.from_parameters({**names, "max_requests_in_flight": "3"}).max_requests_in_flight == 3
+    assert config_from_parameters(FrontConfig, names, environ={"ROSE_MAX_REQUESTS_IN_FLIGHT": "5"}
+                                  ).max_requests_in_flight == 5
+    for bad in ("0", "-2", "1.5", "many"):
+        with pytest.raises(ValueError, match="max_requests_in_flight"):
+            FrontConfig.from_parameters({**names, "max_requests_in_flight": bad})
+
+
+class HeldRequest:
+    """A request that is its own response sender (the test's send_final records what it was sent)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def get_response_sender(self):
+        return self
+
+
+def test_answer_loop_answers_requests_together_and_refuses_past_its_bound():
+    gate, entered, sent = threading.Event(), queue.Queue(), queue.Queue()
+
+    async def answer(request):
+        entered.put(request.name)
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait)
+        return f"rows of {request.name}"
+
+    loop = AnswerLoop("front", 2, answer, lambda limit: f"refused past {limit}",
+                      lambda sender, response: sent.put((sender.name, response)))
+    try:
+        loop.submit(HeldRequest("a"))
+        loop.submit(HeldRequest("b"))
+        assert {entered.get(timeout=30), entered.get(timeout=30)} == {"a", "b"}  # both in flight at once
+        loop.submit(HeldRequest("c"))  # past the bound: answered at once, while a and b are held
+        assert sent.get(timeout=30) == ("c", "refused past 2")
+        gate.set()
+        assert {sent.get(timeout=30), sent.get(timeout=30)} == {("a", "rows of a"), ("b", "rows of b")}
+        loop.submit(HeldRequest("d"))  # their places are free again
+        assert sent.get(timeout=30) == ("d", "rows of d")
+    finally:
+        gate.set()
+        loop.close()
