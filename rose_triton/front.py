@@ -27,7 +27,7 @@ class FrontConfig:
     tokenizer_model: str
     encoder_model: str
     bls_timeout_s: float = 120.0
-    max_requests_in_flight: int = 32
+    max_requests_in_flight: int = 64
 
     def __post_init__(self):
         if not self.tokenizer_model or not self.encoder_model:

@@ -43,7 +43,7 @@ class TritonPythonModel:
 
     def _overloaded(self, limit):
         return pb_utils.InferenceResponse(error=triton_error(pb_utils, OverloadError(
-            f"overloaded: {self.name} has {limit} requests in flight in this instance (parameter "
+            f"{self.name} has {limit} requests in flight in this instance (parameter "
             f"max_requests_in_flight); retry, or on another replica")))
 
     def finalize(self):
