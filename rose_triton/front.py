@@ -96,8 +96,8 @@ class AnswerLoop:
     non-decoupled model's execute before it hands the instance the next request).
 
     `answer(request)` is a coroutine giving the request's one response; it and `send_final(sender,
-    response)` must not raise. Past
-    `max_in_flight` requests a request is answered at once with an OverloadError (UNAVAILABLE).
+    response)` must not raise. Past `max_in_flight` requests a request is answered at once with
+    `overloaded(max_in_flight)` (the front's UNAVAILABLE response).
     Sends wait for the server process (an IPC round trip), so they run in the executor, as do
     async_exec's waits for the encoder (a thread each while it waits)."""
 
@@ -117,7 +117,8 @@ class AnswerLoop:
         sender = request.get_response_sender()
         with self.lock:
             admitted = self.in_flight < self.max_in_flight
-            self.in_flight += admitted
+            if admitted:
+                self.in_flight += 1
         if not admitted:
             self.send_final(sender, self.overloaded(self.max_in_flight))
             return

@@ -33,7 +33,7 @@ class TritonPythonModel:
     def initialize(self, args):
         initialize_front(self, args, pb_utils)
         self.name = args["model_name"]
-        self.answers = AnswerLoop(args["model_name"], self.config.max_requests_in_flight, self._answer,
+        self.answers = AnswerLoop(self.name, self.config.max_requests_in_flight, self._answer,
                                   self._overloaded, _send_final)
 
     def execute(self, requests):
