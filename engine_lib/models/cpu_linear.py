@@ -4,8 +4,8 @@ On CPU `F.linear` goes to MKL's GEMM, which on AMD EPYC runs the models' own
 shapes well below oneDNN with the weight reordered once into oneDNN's blocked
 layout (figures in docs/engine.md). `pack_linears` swaps every Linear of a model
 for a packed one calling `torch.ops.mkldnn._linear_pointwise`, what inductor's
-CPU freezing emits, with the layer's activation (GELU, tanh, ReLU, SiLU) in the
-GEMM's epilogue. These are private torch entry points that change between
+CPU freezing emits, with ReLU and residual adds in the GEMM's epilogue (the
+transcendental activations follow the GEMM: `EPILOGUES`). These are private torch entry points that change between
 releases: `probe` runs each packed layer kind once on tiny tensors against the
 plain one; if an op is missing or wrong, the plain path serves, with one log line.
 """
@@ -15,6 +15,7 @@ import logging
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine_lib.models.fused import ACTIVATIONS, FusedLinear, GatedLinear, LinearAct, ResidualLinear
@@ -24,10 +25,10 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "onednn", "plain")
 
-# LinearAct.activation -> (oneDNN post-op, algorithm) of _linear_pointwise
-EPILOGUES = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "relu": ("relu", ""),
-             "silu": ("swish", ""), "tanh": ("tanh", "")}
-assert set(EPILOGUES) - {None} == set(ACTIVATIONS)
+# LinearAct.activation -> (oneDNN post-op, algorithm) of _linear_pointwise. Only ReLU runs in the epilogue:
+# oneDNN's erf/tanh GELU, swish and tanh post-ops took 15-30% longer than the same GEMM followed by torch's
+# own activation (2-core AVX2 EPYC, docs/engine.md), so every other activation follows the GEMM.
+EPILOGUES = {None: ("none", ""), "relu": ("relu", "")}
 
 
 def onednn_ops() -> SimpleNamespace:
@@ -46,12 +47,15 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         if isinstance(linear, FusedLinear):
             self.parts = linear.parts
-        self.post_op, self.algorithm = EPILOGUES[getattr(linear, "activation", None)]
+        activation = getattr(linear, "activation", None)
+        self.post_op, self.algorithm = EPILOGUES.get(activation, ("none", ""))
+        self.activation_after = None if activation in EPILOGUES else ACTIVATIONS[activation]
         self.packed_weight = self.ops.reorder(linear.weight.detach(), None)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
+        out = self.ops.linear(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
+        return out if self.activation_after is None else self.activation_after(out)
 
 
 class PackedResidualLinear(PackedLinear):
@@ -62,7 +66,7 @@ class PackedResidualLinear(PackedLinear):
 
 
 class PackedGatedLinear(nn.Module):
-    """GatedLinear as two packed GEMMs: silu in the gate's epilogue, `* gate` in the up GEMM's."""
+    """GatedLinear as two packed GEMMs: silu after the gate's (EPILOGUES), `* gate` in the up GEMM's epilogue."""
 
     def __init__(self, linear: GatedLinear):
         super().__init__()
@@ -76,7 +80,7 @@ class PackedGatedLinear(nn.Module):
         self.up_bias = None if bias is None else nn.Parameter(bias.detach()[up_start:up_start + size].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.ops.linear(x, self.gate_weight, self.gate_bias, "swish", [], "")
+        gate = F.silu(self.ops.linear(x, self.gate_weight, self.gate_bias, "none", [], ""), inplace=True)
         return self.ops.linear_binary(x, gate, self.up_weight, self.up_bias, "mul")
 
 
@@ -86,9 +90,10 @@ PACKED_TYPES = (PackedLinear, PackedGatedLinear)
 
 
 # cpu_linear=auto packs a layer only when its weight has at least this many elements: measured on a
-# 2-core EPYC, Qwen3-0.6B's layers (1024 x 3072) ran 1.2x faster packed, all-MiniLM's (384 x 1536) even,
-# and a 32-wide model's step 0.15 ms slower (oneDNN's fixed cost per call); docs/engine.md.
-AUTO_MIN_WEIGHT_ELEMENTS = 1 << 20
+# 2-core EPYC, all-MiniLM-L6-v2's steps of up to 128 tokens (384 x 384 and up) ran 1.0-1.2x faster packed,
+# Qwen3-0.6B's layers 1.2x, and a 32-wide model's step 0.15 ms slower (oneDNN's fixed cost per call);
+# docs/engine.md.
+AUTO_MIN_WEIGHT_ELEMENTS = 1 << 17
 
 
 @torch.no_grad()

@@ -82,7 +82,7 @@ def test_embeddings_same_rows_on_both_paths(tmp_path, family, hidden_act):
 @needs_onednn
 @pytest.mark.parametrize("kind", ["bert", "xlm-roberta", "qwen3"])
 def test_reranker_heads_same_scores_on_both_paths(tmp_path, kind):
-    """The BERT/RoBERTa classification head (tanh in the epilogue) and the Qwen3 yes/no judge."""
+    """The BERT/RoBERTa classification head (tanh after the GEMM) and the Qwen3 yes/no judge."""
     folder = reranker_folder(tmp_path, kind)
     sequences = random_sequences([12, 30, 5], 100, seed=34)
     types = [np.r_[np.zeros(n // 2), np.ones(n - n // 2)].astype(np.int64) for n in map(len, sequences)]
