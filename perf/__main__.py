@@ -71,6 +71,9 @@ def main(argv=None) -> None:
     run.add_argument("--server-env", action="append", metavar="KEY=VALUE",
                      help="environment of our server the run starts (e.g. ROSE_DTYPE=bfloat16); every "
                           "profile but overhead, perf_analyzer and gpu-served")
+    run.add_argument("--rounds", type=int, default=1,
+                     help="cells profiles: a sequential (latency) cell's requests in this many rounds, the "
+                          "targets taking turns, so that drift hits them alike (default 1: one target after another)")
     run.add_argument("--admin-key", help="perf_analyzer with --grpc-url: the server's admin key")
     run.add_argument("--no-gemm", action="store_true", help="skip the dense-GEMM reading")
     run.add_argument("--quiet-wait", type=float, default=120.0,

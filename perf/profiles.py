@@ -64,6 +64,7 @@ LABELS = {
     "rose": "ours (ROSE on Triton)",
     "rose-batched": "ours, `embed_batched` (gRPC infer, one text a batch row, Triton's dynamic batcher)",
     "gateway": "ours through the OpenAI-compatible gateway (HTTP /v1/embeddings, float JSON)",
+    "rose-inproc": "ours in-process, no server (tokenizer, one ModelRunner.step a request)",
     "st": "sentence-transformers encode, in-process",
     "ort": "ONNX Runtime (optimum O2 export), in-process",
     "triton-padded": "usual Triton way (Python backend, padded HF model, dynamic batcher)",

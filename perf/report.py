@@ -10,6 +10,7 @@ from engine_lib.runner.self_check import MIN_COSINE
 from .machine import machine_line
 
 OURS = "rose"
+OURS_IN_PROCESS, IN_PROCESS_PEERS = "rose-inproc", ("st", "ort")  # compared with each other too
 README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served", "gpu-latency")  # then overhead
 README_BEGIN, README_END = "<!-- perf-table:begin (python -m perf readme-table --write) -->", "<!-- perf-table:end -->"
 
@@ -42,6 +43,7 @@ def _targets(results: dict) -> list[str]:
 def scenario_tables(results: dict) -> list[str]:
     names = _targets(results)
     peers = [n for n in names if n != OURS]
+    in_process = [p for p in IN_PROCESS_PEERS if p in names] if OURS_IN_PROCESS in names else []
     scenarios: dict[str, list[dict]] = {}
     for cell in results["cells"]:
         scenarios.setdefault(cell["scenario"], []).append(cell)
@@ -49,11 +51,13 @@ def scenario_tables(results: dict) -> list[str]:
     for scenario, cells in scenarios.items():
         unit = ("p50 / p90 / p99 / max ms" if cells[0]["mode"] == "sequential" else "embeddings/s (p50 latency)"
                 if cells[0]["metric"] == "embeddings_per_s" else "p50 / p99 ms, embeddings/s")
-        lines += [f"### {scenario} ({unit})", "", "| " + " | ".join(["cell", *names, *(f"ours vs {p}" for p in peers)])
-                  + " |", "|---" * (1 + len(names) + len(peers)) + "|"]
+        lines += [f"### {scenario} ({unit})", "", "| " + " | ".join(
+            ["cell", *names, *(f"ours vs {p}" for p in peers), *(f"ours in-process vs {p}" for p in in_process)])
+                  + " |", "|---" * (1 + len(names) + len(peers) + len(in_process)) + "|"]
         for cell in cells:
             res = cell["results"]
             ratios = [speedup(cell, res.get(OURS, {}), res.get(p, {})) for p in peers]
+            ratios += [speedup(cell, res.get(OURS_IN_PROCESS, {}), res.get(p, {})) for p in in_process]
             lines.append("| " + " | ".join([cell["label"], *(_value(cell, res.get(n, {"skipped": 1})) for n in names),
                                             *(f"{r:.2f}x" if r else "-" for r in ratios)]) + " |")
         notes = [f"- `{cell['key']}` {n}: {cell['results'][n]['error']}" for cell in cells

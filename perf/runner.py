@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,31 +66,77 @@ def skip_reason(cell: Cell, target, max_positions: int, text_max: int) -> str | 
     return None
 
 
-def run_cell(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
-    """Warm-up (every response checked), then timing; a failed check reports no timing."""
+def check_target(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
+    """Warm-up, every response checked: {"min_cosine": ...}, or {"error": ...} (then no timing)."""
     try:
         cosine = min(min_cosine(g, w) for g, w in zip(target.embed(cell, requests[:warmup]), reference_rows))
     except Exception as exc:  # any failure of a target is its cell's result, not the run's end
         return {"error": f"warm-up failed: {type(exc).__name__}: {exc}"}
     if cosine < MIN_COSINE:
         return {"error": f"warm-up check failed: min cosine {cosine:.5f} < {MIN_COSINE}", "min_cosine": cosine}
+    return {"min_cosine": cosine}
+
+
+def sequential_stats(cell: Cell, latencies: list[float]) -> dict:
+    stats = latency_stats(latencies)
+    stats["embeddings_per_s"] = stats["n"] * cell.batch / (sum(latencies) / 1e3)
+    return stats
+
+
+def cell_facts(cell: Cell, target, requests) -> dict:
+    tokens = sum(r.num_tokens for r in requests) / sum(len(r.seq_lens) for r in requests)
+    return {"input_used": target.input_used(cell), "mean_tokens_per_text": tokens}
+
+
+def run_cell(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
+    """Warm-up (every response checked), then timing; a failed check reports no timing."""
+    checked = check_target(cell, target, requests, reference_rows, warmup)
+    if "error" in checked:
+        return checked
     label = f"{cell.key} {target.name}"
     try:
         if cell.mode == "sequential":
-            latencies = target.sequential(cell, requests, label)
-            stats = latency_stats(latencies)
-            stats["embeddings_per_s"] = stats["n"] * cell.batch / (sum(latencies) / 1e3)
+            stats = sequential_stats(cell, target.sequential(cell, requests, label))
         else:
             stats = target.load(cell, requests, label)
     except Exception as exc:  # as above
-        return {"error": f"timing failed: {type(exc).__name__}: {exc}", "min_cosine": cosine}
-    tokens = sum(r.num_tokens for r in requests) / sum(len(r.seq_lens) for r in requests)
-    return {**stats, "min_cosine": cosine, "input_used": target.input_used(cell), "mean_tokens_per_text": tokens}
+        return {"error": f"timing failed: {type(exc).__name__}: {exc}", **checked}
+    return {**stats, **checked, **cell_facts(cell, target, requests)}
+
+
+def run_rounds(cell: Cell, targets: dict, requests, reference_rows, warmup: int, rounds: int,
+               quiet: tuple[float, float]) -> dict:
+    """A sequential cell's requests in `rounds` parts, the targets taking turns each round, so that the
+    machine's drift over the cell hits every target alike; each target's latencies pooled."""
+    part = replace(cell, num_requests=-(-cell.num_requests // rounds), max_seconds=cell.max_seconds / rounds)
+    outcomes = {name: check_target(cell, t, requests, reference_rows, warmup) for name, t in targets.items()}
+    latencies: dict[str, list[float]] = {name: [] for name in targets}
+    busy: dict[str, list[float]] = {name: [] for name in targets}
+    for number in range(rounds):
+        for name, target in targets.items():
+            if "error" in outcomes[name]:
+                continue
+            busy[name].append(wait_until_quiet(*quiet))
+            try:
+                latencies[name] += target.sequential(part, requests, f"{cell.key} {name} round {number + 1}/{rounds}")
+            except Exception as exc:  # a failed target is its cell's result, not the run's end
+                outcomes[name] = {"error": f"timing failed: {type(exc).__name__}: {exc}", **outcomes[name]}
+    for name, target in targets.items():
+        if "error" not in outcomes[name]:
+            outcomes[name] = {**sequential_stats(cell, latencies[name]), **outcomes[name], "rounds": rounds,
+                              **cell_facts(cell, target, requests), "machine_busy_before": round(max(busy[name]), 3)}
+    return outcomes
+
+
+def _summary(outcome: dict) -> str:
+    return (outcome.get("skipped") or outcome.get("error")
+            or f"p50 {outcome.get('p50_ms', 0):.1f} ms, {outcome.get('embeddings_per_s', 0):.1f} emb/s")
 
 
 def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict, machine: dict,
-                out_json: Path, extra: dict, quiet: tuple[float, float] = (0.25, 0.0)) -> dict:
-    """`quiet` = (busy threshold, max wait s): before each target's timing, wait for other work to calm down."""
+                out_json: Path, extra: dict, quiet: tuple[float, float] = (0.25, 0.0), rounds: int = 1) -> dict:
+    """`quiet` = (busy threshold, max wait s): before each target's timing, wait for other work to calm down.
+    `rounds` > 1: sequential cells take the targets in turns (`run_rounds`)."""
     maker = TextMaker(os.path.join(model["dir"], "tokenizer.json"), model["max_positions"])
     reference = Reference(model["dir"], model["max_positions"])
     model["text_max_length"] = reference.text_max
@@ -103,17 +150,23 @@ def run_profile(profile: Profile, cells: list[Cell], targets: dict, model: dict,
         requests = maker.requests(profile.pool_requests, cell.batch, cell.seq_len, reference.text_max)
         warmup = min(profile.warmup_requests, len(requests))
         reference_rows = [reference.embed(cell, r) for r in requests[:warmup]]
-        for name, target in targets.items():
-            reason = skip_reason(cell, target, model["max_positions"], reference.text_max)
-            start = time.monotonic()
-            busy = wait_until_quiet(*quiet) if not reason else None
-            outcome = {"skipped": reason} if reason else run_cell(cell, target, requests, reference_rows, warmup)
-            if busy is not None:
-                outcome["machine_busy_before"] = round(busy, 3)
-            entry["results"][name] = outcome
-            summary = (outcome.get("skipped") or outcome.get("error")
-                       or f"p50 {outcome.get('p50_ms', 0):.1f} ms, {outcome.get('embeddings_per_s', 0):.1f} emb/s")
-            log(f"  {name}: {summary} ({time.monotonic() - start:.0f}s)")
+        skipped = {name: skip_reason(cell, t, model["max_positions"], reference.text_max) for name, t in targets.items()}
+        if cell.mode == "sequential" and rounds > 1:
+            timed = run_rounds(cell, {n: t for n, t in targets.items() if not skipped[n]}, requests, reference_rows,
+                               warmup, rounds, quiet)
+            entry["results"] = {name: timed.get(name) or {"skipped": skipped[name]} for name in targets}
+            for name, outcome in entry["results"].items():
+                log(f"  {name}: {_summary(outcome)}")
+        else:
+            for name, target in targets.items():
+                start = time.monotonic()
+                busy = wait_until_quiet(*quiet) if not skipped[name] else None
+                outcome = ({"skipped": skipped[name]} if skipped[name]
+                           else run_cell(cell, target, requests, reference_rows, warmup))
+                if busy is not None:
+                    outcome["machine_busy_before"] = round(busy, 3)
+                entry["results"][name] = outcome
+                log(f"  {name}: {_summary(outcome)} ({time.monotonic() - start:.0f}s)")
         results["cells"].append(entry)
         results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
         out_json.write_text(json.dumps(results, indent=1))
@@ -153,6 +206,8 @@ def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
                 targets[name] = lineup.gateway_target(gateway_url)
             elif name == "triton-padded":
                 targets[name] = lineup.triton_padded_target(grpc_url)
+            elif name == "rose-inproc":
+                targets[name] = lineup.InprocTarget(name, sys.executable, "rose", model["dir"], model["max_positions"])
             elif name == "st":
                 targets[name] = lineup.InprocTarget(name, sys.executable, "st", model["dir"], model["max_positions"])
             elif name == "ort":
@@ -179,7 +234,7 @@ def measure(args, out_json: Path, machine: dict) -> dict:
     try:
         targets = start_targets(names, args, model, stack)
         results = run_profile(profile, cells, targets, model, machine, out_json, {"gemm": gemm, "scale": args.scale},
-                              (args.quiet_busy, args.quiet_wait))
+                              (args.quiet_busy, args.quiet_wait), args.rounds)
         for name in results["targets"]:
             results["targets"][name]["label"] = LABELS.get(name, name)
         if env := server_env(args):

@@ -1,4 +1,4 @@
-"""In-process peer worker, run with the peer's own venv python: `python -m perf.peers.inproc st|ort MODEL_DIR`;
+"""In-process worker, run with the peer's own venv python: `python -m perf.peers.inproc st|ort|rose MODEL_DIR`;
 length-prefixed pickles on stdin/stdout: ("embed", requests), ("latency", ...), ("throughput", ...), ("info",)."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import pickle
 import struct
 import sys
+import threading
 
 import numpy as np
 
@@ -50,7 +51,30 @@ def onnxruntime_encoder(onnx_dir: str, max_length: int):
     return encode, ["onnxruntime", "optimum-onnx", "tokenizers"]
 
 
-BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder}
+def rose_engine_encoder(model_dir: str, max_length: int):
+    """Our engine with no server: the tokenizer model's encode and one `ModelRunner.step` per request
+    (steps one at a time, as the encoder runs them), what the ONNX Runtime peer does with its session."""
+    from engine_lib.config import TokenizerConfig  # ours (torch): only in this repository's venv
+    from engine_lib.contract import PackedBatch  # as above
+    from engine_lib.options import RequestOptions  # as above
+    from engine_lib.runner.model_runner import ModelRunner  # as above
+    from engine_lib.tokenization.text import TextTokenizer  # as above
+
+    engine = ModelRunner(model_dir)
+    tokenizer = TextTokenizer(model_dir, TokenizerConfig(), max_length=max_length)
+    options, one_step = RequestOptions(), threading.Lock()
+
+    def encode(texts):
+        tokens = tokenizer.encode(list(texts), options)
+        batch = PackedBatch.from_flat(tokens.input_ids, tokens.seq_lens)
+        with one_step:
+            pooled = engine.step(batch).wait()
+        return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+    return encode, ["torch", "tokenizers"]
+
+
+BACKENDS = {"st": sentence_transformers_encoder, "ort": onnxruntime_encoder, "rose": rose_engine_encoder}
 
 
 def serve(encode, package_versions, rx, tx):

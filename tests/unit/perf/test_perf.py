@@ -1,6 +1,7 @@
 """perf harness pieces without a server: inputs, statistics, skips, ratios, reports."""
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from perf import mix, report
 from perf.measure import combine, latency_stats, min_cosine
 from perf.profiles import PROFILES, Cell, select
-from perf.runner import server_env, skip_reason
+from perf.runner import run_rounds, server_env, skip_reason
 from perf.texts import TextMaker
 
 
@@ -108,6 +109,47 @@ def test_ratios_say_ours_is_better_above_one():
     assert report.speedup(results["cells"][1], *(results["cells"][1]["results"][n] for n in ("rose", "st"))) == 2.0
     text = report.markdown(results)
     assert "3.00x" in text and "2.00x" in text and "**failed**" in text and "min cosine 0.5" in text
+
+
+def test_our_in_process_engine_is_compared_with_the_in_process_peers():
+    results = _results()
+    for cell in results["cells"]:
+        cell["results"]["rose-inproc"] = {**cell["results"]["rose"], cell["metric"]: cell["results"]["rose"][cell["metric"]] * 2}
+    results["targets"]["rose-inproc"] = {}
+    text = report.markdown(results)
+    assert "| ours vs st | ours vs bad | ours vs rose-inproc | ours in-process vs st |" in text
+    assert "| 3.00x | - | 2.00x | 1.50x |" in text  # p50 ms: st 30, ours 10, ours in-process 20
+
+
+class TurnTaker:
+    """A target answering its warm-up with `rows` and each timed request in `ms`; logs whose turn it was."""
+    in_process, versions = True, {}
+
+    def __init__(self, name, rows, ms, turns):
+        self.name, self.rows, self.ms, self.turns = name, rows, ms, turns
+
+    def input_used(self, cell):
+        return "text"
+
+    def embed(self, cell, requests):
+        return [self.rows for _ in requests]
+
+    def sequential(self, cell, requests, label):
+        self.turns.append((self.name, cell.num_requests))
+        return [self.ms] * cell.num_requests
+
+
+def test_rounds_give_the_targets_turns_and_pool_their_latencies():
+    cell = Cell("1", "seq", "sequential", "text", 32, 1, num_requests=7, max_seconds=30)
+    rows, turns = np.eye(2, 4, dtype=np.float32), []
+    targets = {"a": TurnTaker("a", rows, 2.0, turns), "b": TurnTaker("b", rows, 4.0, turns),
+               "wrong": TurnTaker("wrong", rows[::-1], 1.0, turns)}
+    requests = [SimpleNamespace(num_tokens=32, seq_lens=[32])] * 2
+    out = run_rounds(cell, targets, requests, [rows, rows], 2, rounds=3, quiet=(1.0, 0))
+    assert turns == [("a", 3), ("b", 3)] * 3  # ceil(7 / 3) requests a round, in turns; never the wrong one
+    assert out["a"]["n"] == out["b"]["n"] == 9 and out["a"]["rounds"] == 3
+    assert (out["a"]["p50_ms"], out["b"]["p50_ms"]) == (2.0, 4.0) and out["a"]["min_cosine"] == pytest.approx(1.0)
+    assert "warm-up check failed" in out["wrong"]["error"] and "p50_ms" not in out["wrong"]
 
 
 def test_readme_table_has_a_row_per_cell_and_a_column_per_target(tmp_path):
