@@ -122,6 +122,9 @@ class EncoderConfig:
     # Batch-class tokens a step that carries interactive work takes at most (auto: 0 on a CPU, else
     # max_batch_class_tokens; scheduler.py).
     max_backfill_tokens: int = AUTO
+    # On a CPU: the budget is the largest of 64, 128, ... tokens up to max_batch_tokens whose step,
+    # timed at start-up, takes at most this many ms (0: max_batch_tokens as set; batch_budget.py).
+    max_cpu_step_ms: int = 250
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
@@ -160,6 +163,8 @@ class EncoderConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graphs must be auto, on or off, got {self.cuda_graphs!r}")
+        if self.max_cpu_step_ms < 0:
+            raise ValueError(f"max_cpu_step_ms must be >= 0 (0 = no bound), got {self.max_cpu_step_ms}")
         if self.max_backfill_tokens != AUTO and self.max_backfill_tokens < 0:
             raise ValueError(f"max_backfill_tokens must be >= 0 (or auto), got {self.max_backfill_tokens}")
         if self.max_graph_tokens != AUTO and self.max_graph_tokens < 64:

@@ -25,6 +25,10 @@ os.environ.setdefault("ROSE_GATEWAY_DATA_DIR", "")
 # the bf16 default set ROSE_CPU_BF16=auto themselves: tests/unit/runner/test_auto_dtype.py and
 # tests/e2e/test_auto_dtype_e2e.py.
 os.environ.setdefault("ROSE_CPU_BF16", "off")
+# The CPU step bound times steps at start-up, so the budget it picks follows the machine's load; test
+# servers keep max_batch_tokens as set (the bound's rule and its wiring:
+# tests/unit/runner/test_batch_budget.py).
+os.environ.setdefault("ROSE_MAX_CPU_STEP_MS", "0")
 
 
 # scripts/test.sh runs the server tests as two pytest runs at once: ROSE_TEST_SHARD=own_server

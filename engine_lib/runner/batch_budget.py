@@ -7,6 +7,12 @@ the engine times steps of 64, 128, 256, ... tokens (a few runs each, the fastest
 kept) and stops at the first size n whose double costs at least
 `(2 - slack)` times as much: the budget is that n. If no measured size
 saturates, the largest one is used.
+
+On a CPU nothing saturates: every token costs from the start, yet bigger steps
+still run more tokens a second (fewer per-step costs, better-shaped GEMMs) until
+their working set outgrows the caches. A step is never pre-empted, so the
+budget there is a latency bound instead (`bounded_tokens`): the largest size
+whose step takes at most `max_cpu_step_ms`.
 """
 from __future__ import annotations
 
@@ -37,6 +43,29 @@ def saturation_tokens(step_seconds: Callable[[int], float], start: int = LADDER_
     return n, timings
 
 
+def ladder(start: int, largest: int) -> list[int]:
+    """start, 2 x start, ... below `largest`, then `largest` itself."""
+    sizes, n = [], start
+    while n < largest:
+        sizes.append(n)
+        n *= 2
+    return sizes + [largest]
+
+
+def bounded_tokens(step_seconds: Callable[[int], float], bound_s: float, largest: int,
+                   start: int = LADDER_START) -> tuple[int, dict[int, float]]:
+    """(budget, {tokens: seconds measured}): the largest ladder size whose step takes at most `bound_s`
+    (the smallest when none does); measuring stops at the first size over the bound."""
+    timings: dict[int, float] = {}
+    budget = None
+    for n in ladder(start, largest):
+        timings[n] = step_seconds(n)
+        if timings[n] > bound_s:
+            break
+        budget = n
+    return budget or min(timings), timings
+
+
 def probe_batch(num_tokens: int, seq_len: int, vocab_size: int, seed: int = 0) -> PackedBatch:
     """num_tokens tokens as sequences of seq_len (the last one shorter), random ids."""
     rng = np.random.default_rng(seed)
@@ -65,5 +94,13 @@ def auto_batch_tokens(engine, largest: int = LADDER_MAX, runs: int = 3,
                       clock: Callable[[], float] = time.perf_counter) -> int:
     budget, timings = saturation_tokens(engine_step_timer(engine, runs, clock), largest=largest)
     log.info("max_batch_tokens=auto: %d tokens (step ms by tokens: %s)", budget,
+             ", ".join(f"{n}: {s * 1e3:.2f}" for n, s in timings.items()))
+    return budget
+
+
+def step_bounded_tokens(engine, largest: int, bound_s: float, runs: int = 2,
+                        clock: Callable[[], float] = time.perf_counter) -> int:
+    budget, timings = bounded_tokens(engine_step_timer(engine, runs, clock), bound_s, largest)
+    log.info("max_cpu_step_ms=%d: %d tokens a step at most (step ms by tokens: %s)", round(bound_s * 1e3), budget,
              ", ".join(f"{n}: {s * 1e3:.2f}" for n, s in timings.items()))
     return budget

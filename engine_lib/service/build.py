@@ -36,7 +36,7 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     int8/uint8 outputs)."""
     import torch
 
-    from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens
+    from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens, step_bounded_tokens
     from engine_lib.runner.model_runner import ModelRunner
 
     if config.num_threads:
@@ -53,16 +53,18 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     engine.set_graph_grid(
         max(budget_bound, engine.max_positions) if config.max_graph_tokens == AUTO else config.max_graph_tokens,
         config.max_batch_sequences if config.max_graph_seqs == AUTO else config.max_graph_seqs)
+    on_cpu = engine.device.type == "cpu"
     max_batch_tokens = config.max_batch_tokens
     if max_batch_tokens == AUTO:
         max_batch_tokens = auto_batch_tokens(engine)
+    if on_cpu and config.max_cpu_step_ms:
+        max_batch_tokens = step_bounded_tokens(engine, max_batch_tokens, config.max_cpu_step_ms / 1000)
     if engine.graphs is not None and not engine.graphs.buckets.covers(
             max(max_batch_tokens, engine.max_positions), config.max_batch_sequences):
         log.warning("the CUDA graph grid (max_graph_tokens=%d, max_graph_seqs=%d) does not cover every batch "
                     "(max_batch_tokens=%d, max_batch_sequences=%d): larger batches run eagerly",
                     engine.graphs.buckets.max_tokens, engine.graphs.buckets.max_seqs, max_batch_tokens,
                     config.max_batch_sequences)
-    on_cpu = engine.device.type == "cpu"
     batch_class_tokens = batch_class_budget(config.max_batch_class_tokens, max_batch_tokens, on_cpu)
     backfill_tokens = backfill_budget(config.max_backfill_tokens, batch_class_tokens, on_cpu)
     if on_cpu and not config.num_threads:  # auto: threads by each step's work

@@ -43,6 +43,7 @@ def test_parameters_convert_by_field_type_and_overrides_win():
     ({"max_batch_tokens": "0"}, "max_batch_tokens must be >= 1"),
     ({"max_batch_class_tokens": "0"}, r"max_batch_class_tokens must be >= 1 \(or auto\)"),
     ({"max_backfill_tokens": "-3"}, r"max_backfill_tokens must be >= 0 \(or auto\)"),
+    ({"max_cpu_step_ms": "-1"}, r"max_cpu_step_ms must be >= 0"),
     ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N"),
     ({"cuda_graphs": "sometimes"}, "cuda_graphs must be auto, on or off"),
     ({"max_graph_tokens": "32"}, "max_graph_tokens must be >= 64"),

@@ -1,4 +1,5 @@
-"""max_batch_tokens=auto: the saturation rule on fake timing sources, and the timer on a real CPU engine."""
+"""max_batch_tokens=auto: the saturation rule on fake timing sources, and the timer on a real CPU engine;
+max_cpu_step_ms: the bounded rule likewise."""
 from __future__ import annotations
 
 import itertools
@@ -6,7 +7,8 @@ import itertools
 import pytest
 
 from engine_lib.config import EncoderConfig
-from engine_lib.runner.batch_budget import auto_batch_tokens, probe_batch, saturation_tokens
+from engine_lib.runner.batch_budget import (auto_batch_tokens, bounded_tokens, ladder, probe_batch,
+                                            saturation_tokens)
 from engine_lib.runner.model_runner import ModelRunner
 from testing.tiny_models import qwen3_config, save_random_model
 
@@ -36,6 +38,49 @@ def test_slack_tolerates_noise_below_saturation():
     noisy = {64: 1.0, 128: 1.3, 256: 1.7, 512: 3.3, 1024: 6.6}  # 256 -> 512 nearly doubles: saturated
     assert saturation_tokens(noisy.__getitem__, largest=1024)[0] == 256
     assert saturation_tokens(noisy.__getitem__, largest=1024, slack=0.0)[0] == 512  # without slack: 3.3 < 2 x 1.7
+
+
+def test_bounded_budget_is_the_largest_step_within_the_bound():
+    per_token = 0.25 / 1000  # a CPU: 1000 tokens take the bound exactly
+    budget, timings = bounded_tokens(lambda n: n * per_token, 0.25, largest=8192)
+    assert budget == 512 and sorted(timings) == [64, 128, 256, 512, 1024]  # stops at the first step over
+
+
+def test_bounded_budget_keeps_the_smallest_step_when_none_fits_and_the_largest_when_all_do():
+    assert bounded_tokens(lambda n: 1.0, 0.25, largest=8192) == (64, {64: 1.0})
+    budget, timings = bounded_tokens(lambda n: 1e-3, 0.25, largest=3000)
+    assert budget == 3000 and sorted(timings) == [64, 128, 256, 512, 1024, 2048, 3000]
+    assert ladder(64, 32) == [32] and bounded_tokens(lambda n: 1e-3, 0.25, largest=32)[0] == 32
+
+
+def test_cpu_encoder_budget_is_bounded_by_max_cpu_step_ms(tmp_path, monkeypatch):
+    """build_endpoint on a CPU: the bounded rule's pick (from the engine's own timed steps) is the budget."""
+    from transformers import Qwen3Model
+
+    from engine_lib.runner import batch_budget
+    from engine_lib.service.build import build_endpoint
+
+    save_random_model(Qwen3Model, qwen3_config(), tmp_path, seed=52)
+    seen = {}
+
+    def bounded(step_seconds, bound_s, largest, start=64):
+        seen.update(bound_s=bound_s, largest=largest, one_step=step_seconds(64))
+        return 128, {}
+
+    monkeypatch.setattr(batch_budget, "bounded_tokens", bounded)
+    encoder = build_endpoint(EncoderConfig(model_dir=str(tmp_path), device="cpu", max_batch_tokens=4096,
+                                           max_cpu_step_ms=300))
+    try:
+        assert encoder.service.max_batch_tokens == 128
+        assert seen["bound_s"] == 0.3 and seen["largest"] == 4096 and seen["one_step"] > 0
+    finally:
+        encoder.close()
+    unbounded = build_endpoint(EncoderConfig(model_dir=str(tmp_path), device="cpu", max_batch_tokens=4096,
+                                             max_cpu_step_ms=0))
+    try:
+        assert unbounded.service.max_batch_tokens == 4096
+    finally:
+        unbounded.close()
 
 
 def test_timer_uses_the_engine_and_the_injected_clock(tmp_path):
