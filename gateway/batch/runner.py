@@ -199,8 +199,8 @@ class JobRun:
         self._write("output" if 200 <= status < 300 else "errors", result_line(self.id, line, status, body))
 
     def _write(self, kind: str, data: bytes) -> None:
-        if time.monotonic() > self.trusted_until:  # the lease may be another runner's by now
-            self.stop = "lost"
+        if self.stop != "lost" and time.monotonic() > self.trusted_until:  # the tick is late
+            self._renew()  # the lease may be another runner's by now: write only while it is ours
         if self.stop == "lost":
             return
         f = self.files[kind]
@@ -213,16 +213,22 @@ class JobRun:
         """Renew the lease, publish the counts, see a cancel or the deadline."""
         while True:
             await asyncio.sleep(self.settings.tick_s)
-            started = time.monotonic()
-            status = self.store.renew(self.id, self.runner.id, self.settings.lease_s)
-            if status is None:
-                self.stop = "lost"
+            if not self._renew():
                 return
-            self.trusted_until = started + self.settings.lease_s * LEASE_TRUST
-            self._see_status(status)
             if self.counts_dirty:
                 self.counts_dirty = False
                 self._update({"request_counts": dict(self.counts)})
+
+    def _renew(self) -> bool:
+        """Extend the lease and see the job's status; False (and `stop` = lost) if another runner has it."""
+        started = time.monotonic()
+        status = self.store.renew(self.id, self.runner.id, self.settings.lease_s)
+        if status is None:
+            self.stop = "lost"
+            return False
+        self.trusted_until = started + self.settings.lease_s * LEASE_TRUST
+        self._see_status(status)
+        return True
 
     def _see_status(self, status: str) -> None:
         """Stop starting lines once the job is cancelled or past its completion window."""

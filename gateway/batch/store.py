@@ -7,7 +7,7 @@ from the wall clock, which every process sharing the folder reads alike.
 Every read and change names its owner (a hash of the API key, "" without keys): another
 owner's id is 404, as an id that does not exist. Jobs are run under a lease (`claim`, `renew`):
 one runner at a time per job across processes and machines sharing the folder; a runner that
-stops renewing loses it after `lease_s`, and the next `claim` takes the job over."""
+stops renewing for `lease_s` loses it to the next `claim`, which takes the job over."""
 from __future__ import annotations
 
 import os
@@ -244,9 +244,11 @@ class BatchStore:
         return None if row is None else (row[1], orjson.loads(row[2]))
 
     def renew(self, batch_id: str, runner: str, lease_s: float) -> str | None:
-        """Extend `runner`'s lease; -> the job's status now, None if the lease is no longer its."""
-        changed, = self._write([("UPDATE batches SET lease_expires = ? WHERE id = ? AND lease_owner = ? "
-                                 "AND lease_expires >= ?", (time.time() + lease_s, batch_id, runner, time.time()))])
+        """Extend `runner`'s lease; -> the job's status now, None if the lease is no longer its.
+        A lease whose time ran out stays its runner's until another runner claims it (`claim`
+        changes the owner in the same transaction), so a runner that was held up goes on."""
+        changed, = self._write([("UPDATE batches SET lease_expires = ? WHERE id = ? AND lease_owner = ?",
+                                 (time.time() + lease_s, batch_id, runner))])
         if not changed:
             return None
         return self._rows("SELECT status FROM batches WHERE id = ?", batch_id)[0][0]

@@ -19,6 +19,7 @@ from rose_wire import DEFAULT_EMBEDDER, EMBEDDER, served_models
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http, post_gateway
 from testing.metrics import sample, scrape
 from testing.tiny_models import cosine_rows
+from testing.waiting import wait_until
 
 TEXTS = ["hello world", "the lazy dog jumps over the quick brown fox", "vectors", "where is the search engine"]
 DEFAULT_NAME = "all-MiniLM-L6-v2"
@@ -91,9 +92,14 @@ def test_each_model_has_its_own_encoder_and_budget(multi_server, embedders):
     for name, (models, _, _) in embedders.items():
         embed_stream(server.grpc_url, TEXTS, model=models.ensemble)
     assert post_gateway(server, "/v1/rerank", {"query": "q", "documents": ["d"]})[0] == 200
-    _, samples = scrape(server)
     encoders = {"rose_encoder": 8192, f"{server.embedder_name}_encoder": 4096,
                 f"{server.reranker_name}_encoder": 8192}
+
+    def each_encoder_answered():  # an encoder publishes its counters every 0.5 s: they may show a little later
+        samples = scrape(server)[1]
+        return samples if all(sample(samples, "rose_requests_total", model=encoder, outcome="ok") >= 1
+                              for encoder in encoders) else None
+
+    samples = wait_until(each_encoder_answered, 60, "every encoder to count a request answered ok", 0.05)
     for encoder, budget in encoders.items():
         assert sample(samples, "rose_batch_token_budget", model=encoder) == budget, encoder
-        assert sample(samples, "rose_requests_total", model=encoder, outcome="ok") >= 1, encoder

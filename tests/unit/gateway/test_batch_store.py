@@ -221,6 +221,46 @@ def test_cancel_mid_job_keeps_what_is_done(store, tmp_path):
     assert store.cancel("alice", batch["id"])["status"] == "cancelled"  # again: as it is
 
 
+def run_with_a_late_tick(store, batch_id, while_in_flight):
+    """Run the job's one line; while it is in flight the runner's trust in its lease lapses (its
+    tick late, as on a loaded machine) and `while_in_flight` runs. -> the job."""
+    async def scenario():
+        answers = Answers()
+        _, job = run_job(store, "r", answers, RunnerSettings(concurrency=1, lease_s=60))
+        answers.gate = asyncio.Event()
+        task = asyncio.create_task(job.run())
+        await answers.entered.wait()
+        job.trusted_until = time.monotonic() - 1  # the last renewal is too old to trust
+        while_in_flight()
+        answers.gate.set()
+        await task
+        return job
+
+    return asyncio.run(scenario())
+
+
+def test_a_runner_whose_tick_is_late_renews_and_keeps_its_answers(store, tmp_path):
+    batch = new_batch(store, add_input(store, tmp_path, [request_line("only", "text")])["id"])
+    job = run_with_a_late_tick(store, batch["id"], lambda: store.cancel("alice", batch["id"]))
+    done = store.batch("alice", batch["id"])
+    assert job.stop == "cancelled" and done["status"] == "cancelled"
+    assert done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert [r["custom_id"] for r in read_results(store, done["output_file_id"])] == ["only"]
+
+
+def test_a_runner_whose_job_was_taken_over_writes_nothing(store, tmp_path):
+    batch = new_batch(store, add_input(store, tmp_path, [request_line("only", "text")])["id"])
+
+    def taken_over():
+        store.release(batch["id"], "r")  # as an expired lease: free for the next claim
+        assert store.claim("successor", 60)[1]["id"] == batch["id"]
+
+    job = run_with_a_late_tick(store, batch["id"], taken_over)
+    assert job.stop == "lost" and done_lines(store.work_dir / batch["id"] / "output.jsonl") == set()
+    assert store.batch("alice", batch["id"])["status"] == "in_progress"  # the successor's to finish
+    assert store.renew(batch["id"], "r", 60) is None
+
+
 def test_an_empty_or_missing_input_fails_the_job(store, tmp_path):
     blank = add_input(store, tmp_path, [b"", b"  "])
     batch = new_batch(store, blank["id"])
