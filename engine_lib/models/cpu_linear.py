@@ -38,12 +38,25 @@ def onednn_ops() -> SimpleNamespace:
                            linear_binary=ops._linear_pointwise.binary)
 
 
-class PackedLinear(nn.Module):
-    """A Linear, FusedLinear or LinearAct with its weight in oneDNN's layout; called the same way."""
+class _RowDispatch(nn.Module):
+    """A packed layer that keeps its plain layer (`plain`) for inputs of more than `plain_above_rows`
+    rows, where MKL's GEMM beats oneDNN's on the packed weight; None: packed for every input."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, plain_above_rows: int | None):
         super().__init__()
         self.ops = onednn_ops()
+        self.plain = None if plain_above_rows is None else linear
+        self.plain_above_rows = plain_above_rows
+
+    def runs_plain(self, x: torch.Tensor) -> bool:
+        return self.plain is not None and x.shape[0] > self.plain_above_rows
+
+
+class PackedLinear(_RowDispatch):
+    """A Linear, FusedLinear or LinearAct with its weight in oneDNN's layout; called the same way."""
+
+    def __init__(self, linear: nn.Linear, plain_above_rows: int | None = None):
+        super().__init__(linear, plain_above_rows)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         if isinstance(linear, FusedLinear):
             self.parts = linear.parts
@@ -54,6 +67,8 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.runs_plain(x):
+            return self.plain(x)
         out = self.ops.linear(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
         return out if self.activation_after is None else self.activation_after(out)
 
@@ -62,15 +77,16 @@ class PackedResidualLinear(PackedLinear):
     """ResidualLinear with `+ residual` in the GEMM's epilogue (the `binary` `add` form)."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.runs_plain(x):
+            return self.plain(x, residual)
         return self.ops.linear_binary(x, residual, self.packed_weight, self.bias, "add")
 
 
-class PackedGatedLinear(nn.Module):
+class PackedGatedLinear(_RowDispatch):
     """GatedLinear as two packed GEMMs: silu after the gate's (EPILOGUES), `* gate` in the up GEMM's epilogue."""
 
-    def __init__(self, linear: GatedLinear):
-        super().__init__()
-        self.ops = onednn_ops()
+    def __init__(self, linear: GatedLinear, plain_above_rows: int | None = None):
+        super().__init__(linear, plain_above_rows)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight, bias = linear.weight.detach(), linear.bias
         (gate_start, size), (up_start, _) = linear.part_rows(0), linear.part_rows(1)
@@ -80,6 +96,8 @@ class PackedGatedLinear(nn.Module):
         self.up_bias = None if bias is None else nn.Parameter(bias.detach()[up_start:up_start + size].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.runs_plain(x):
+            return self.plain(x)
         gate = F.silu(self.ops.linear(x, self.gate_weight, self.gate_bias, "none", [], ""), inplace=True)
         return self.ops.linear_binary(x, gate, self.up_weight, self.up_bias, "mul")
 
@@ -91,22 +109,28 @@ PACKED_TYPES = (PackedLinear, PackedGatedLinear)
 
 # cpu_linear=auto packs a layer only when its weight has at least this many elements: measured on a
 # 2-core EPYC, all-MiniLM-L6-v2's steps of up to 128 tokens (384 x 384 and up) ran 1.0-1.2x faster packed,
-# Qwen3-0.6B's layers 1.2x, and a 32-wide model's step 0.15 ms slower (oneDNN's fixed cost per call);
-# docs/engine.md.
+# and a 32-wide model's step 0.15 ms slower (oneDNN's fixed cost per call); docs/engine.md.
 AUTO_MIN_WEIGHT_ELEMENTS = 1 << 17
+# ... and runs it packed for inputs of up to this many rows (tokens), on MKL's F.linear above: packed
+# GEMMs gain up to 2x at 16 rows and lose 5-18% from 256 up (MiniLM's and Qwen3-0.6B's shapes), and
+# all-MiniLM-L6-v2's steps ran 1.06x faster packed at 128 tokens, 1.00x at 256, 0.93x at 512-1024.
+AUTO_PACKED_MAX_ROWS = 128
 
 
 @torch.no_grad()
-def pack_linears(module: nn.Module, min_weight_elements: int = 0) -> int:
+def pack_linears(module: nn.Module, min_weight_elements: int = 0, plain_above_rows: int | None = None) -> int:
     """Swap every Linear under `module` (exact types in PACKED) whose weight has at least
-    `min_weight_elements` elements for its packed form; returns how many. The plain weights are
-    dropped: pack last, after loading, dtype and device."""
+    `min_weight_elements` elements for its packed form; returns how many. `plain_above_rows`: the
+    packed layer keeps the plain one (a second copy of its weight) and runs it for inputs of more
+    rows; None drops the plain weights. Pack last, after loading, dtype and device."""
     count = 0
     for parent in list(module.modules()):
+        if isinstance(parent, PACKED_TYPES):
+            continue  # its kept plain layer
         for name, child in list(parent.named_children()):
             packed = PACKED.get(type(child))
             if packed is not None and child.weight.numel() >= min_weight_elements:
-                setattr(parent, name, packed(child))
+                setattr(parent, name, packed(child, plain_above_rows))
                 count += 1
     return count
 

@@ -14,7 +14,7 @@ from engine_lib.device.cuda_env import check_cuda_fits
 from engine_lib.device.lazy_tensor import CudaLazyTensor, ResolvedTensor
 from engine_lib.model_folder import ModelFolder
 from engine_lib.models import model_class
-from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, pack_linears, use_onednn
+from engine_lib.models.cpu_linear import AUTO_MIN_WEIGHT_ELEMENTS, AUTO_PACKED_MAX_ROWS, pack_linears, use_onednn
 from engine_lib.models.heads import build_head
 from engine_lib.models.loader import allocate, load_weights
 from engine_lib.models.pooling import pool
@@ -142,9 +142,9 @@ class ModelRunner:
             self._dropped_ids = np.asarray(self.colbert.skiplist_ids, dtype=np.int64)
         self.cpu_linear = "onednn" if use_onednn(cpu_linear, self.device, self.dtype) else "plain"
         self.packed_layers = 0
-        if self.cpu_linear == "onednn":  # auto: only the layers large enough to gain (cpu_linear.py)
-            smallest = AUTO_MIN_WEIGHT_ELEMENTS if cpu_linear == "auto" else 0
-            self.packed_layers = pack_linears(self.model, smallest) + pack_linears(self.head, smallest)
+        if self.cpu_linear == "onednn":  # auto: the layers large enough to gain, for the inputs that gain
+            smallest, rows = (AUTO_MIN_WEIGHT_ELEMENTS, AUTO_PACKED_MAX_ROWS) if cpu_linear == "auto" else (0, None)
+            self.packed_layers = pack_linears(self.model, smallest, rows) + pack_linears(self.head, smallest, rows)
         self._layers = self.model  # what _forward_static runs: the model, or its compiled forward
         self.cpu_compile = "off"
         if compiler.wanted(cpu_compile, self.device):

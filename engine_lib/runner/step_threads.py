@@ -24,7 +24,9 @@ def flops_per_token(model) -> float:
 
     tables = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
     dense = sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in tables)
-    return 2.0 * (dense + sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, PACKED_TYPES)))
+    packed_only = sum(m.in_features * m.out_features for m in model.modules()
+                      if isinstance(m, PACKED_TYPES) and m.plain is None)  # a kept plain weight is counted in `dense`
+    return 2.0 * (dense + packed_only)
 
 
 class StepThreads:

@@ -117,6 +117,31 @@ def test_auto_packs_only_layers_large_enough_to_gain(tmp_path, monkeypatch):
 
 
 @needs_onednn
+@pytest.mark.parametrize("family", ["bert", "qwen3"])
+def test_auto_runs_big_steps_on_the_kept_plain_layers(tmp_path, monkeypatch, family):
+    """auto packs and keeps each plain layer: steps of up to AUTO_PACKED_MAX_ROWS tokens run packed,
+    bigger ones plain; both give the plain path's rows, and the thread policy counts each weight once."""
+    from engine_lib.runner import model_runner
+
+    folder = bert_folder(tmp_path) if family == "bert" else qwen3_folder(tmp_path)
+    monkeypatch.setattr(model_runner, "AUTO_MIN_WEIGHT_ELEMENTS", 0)
+    monkeypatch.setattr(model_runner, "AUTO_PACKED_MAX_ROWS", 64)
+    auto = ModelRunner(folder, device="cpu", cpu_linear="auto")
+    plain = ModelRunner(folder, device="cpu", cpu_linear="plain")
+    packed = [m for m in auto.model.modules() if isinstance(m, cpu_linear.PACKED_TYPES)]
+    assert packed and len(packed) == auto.packed_layers and all(m.plain is not None for m in packed)
+    plain_calls = []
+    for m in packed:
+        m.plain.register_forward_hook(lambda module, args, out: plain_calls.append(args[0].shape[0]))
+    assert flops_per_token(auto.model) == flops_per_token(plain.model)
+    for lengths, runs_plain in (([30, 34], False), ([40, 25], True)):
+        batch = PackedBatch.from_sequences(random_sequences(lengths, 128, seed=36))
+        plain_calls.clear()
+        assert_same_rows(plain.step(batch).wait(), auto.step(batch).wait())
+        assert plain_calls == ([65] * len(packed) if runs_plain else []), lengths
+
+
+@needs_onednn
 def test_thread_count_changes_between_steps(tmp_path):
     """StepThreads sets the intra-op threads per step; the packed primitives follow."""
     engine = ModelRunner(bert_folder(tmp_path), device="cpu", cpu_linear="onednn")
