@@ -13,12 +13,20 @@ still run more tokens a second (fewer per-step costs, better-shaped GEMMs) until
 their working set outgrows the caches. A step is never pre-empted, so the
 budget there is a latency bound instead (`bounded_tokens`): the largest size
 whose step takes at most `max_cpu_step_ms`.
+
+Encoders starting together on one host (a models file, several instances) time
+their ladders one after another (`timing_alone`, a host-wide file lock), so no
+ladder is timed against another one's steps.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import tempfile
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -28,6 +36,41 @@ log = logging.getLogger(__name__)
 
 LADDER_START, LADDER_MAX = 64, 8192
 SLACK = 0.2  # doubling the batch must buy > 1/(1 - 0.1) ~ 11% more throughput to be worth it
+TIMING_LOCK = os.path.join(tempfile.gettempdir(), "rose-step-timing.lock")
+TIMING_LOCK_WAIT_S = 300.0  # past it (a stuck holder) the ladder is timed anyway, with a warning
+
+
+@contextmanager
+def timing_alone(path: str | None = None, wait_s: float = TIMING_LOCK_WAIT_S,
+                 clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep
+                 ) -> Iterator[bool]:
+    """Hold the host-wide lock of start-up step timing (flock: released by the kernel if its holder
+    dies); yields whether it is held. A lock file that cannot be opened or a holder past `wait_s`:
+    timed anyway, with a warning."""
+    path = path or TIMING_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        fd, why = None, exc
+    if fd is None:
+        log.warning("timing start-up steps without the host lock %s: %s", path, why)
+        yield False
+        return
+    try:
+        deadline, held = clock() + wait_s, False
+        while not held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                if clock() >= deadline:
+                    log.warning("timing start-up steps without the host lock %s: held by another encoder "
+                                "for over %.0f s", path, wait_s)
+                    break
+                pause(0.05)
+        yield held
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def saturation_tokens(step_seconds: Callable[[int], float], start: int = LADDER_START,

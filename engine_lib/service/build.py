@@ -36,7 +36,7 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     int8/uint8 outputs)."""
     import torch
 
-    from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens, step_bounded_tokens
+    from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens, step_bounded_tokens, timing_alone
     from engine_lib.runner.model_runner import ModelRunner
 
     if config.num_threads:
@@ -55,10 +55,12 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
         config.max_batch_sequences if config.max_graph_seqs == AUTO else config.max_graph_seqs)
     on_cpu = engine.device.type == "cpu"
     max_batch_tokens = config.max_batch_tokens
-    if max_batch_tokens == AUTO:
-        max_batch_tokens = auto_batch_tokens(engine)
-    if on_cpu and config.max_cpu_step_ms:
-        max_batch_tokens = step_bounded_tokens(engine, max_batch_tokens, config.max_cpu_step_ms / 1000)
+    if max_batch_tokens == AUTO or (on_cpu and config.max_cpu_step_ms):
+        with timing_alone():  # not against another encoder's ladder on this host
+            if max_batch_tokens == AUTO:
+                max_batch_tokens = auto_batch_tokens(engine)
+            if on_cpu and config.max_cpu_step_ms:
+                max_batch_tokens = step_bounded_tokens(engine, max_batch_tokens, config.max_cpu_step_ms / 1000)
     if engine.graphs is not None and not engine.graphs.buckets.covers(
             max(max_batch_tokens, engine.max_positions), config.max_batch_sequences):
         log.warning("the CUDA graph grid (max_graph_tokens=%d, max_graph_seqs=%d) does not cover every batch "

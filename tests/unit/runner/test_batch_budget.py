@@ -1,14 +1,17 @@
 """max_batch_tokens=auto: the saturation rule on fake timing sources, and the timer on a real CPU engine;
-max_cpu_step_ms: the bounded rule likewise."""
+max_cpu_step_ms: the bounded rule likewise; the host lock that keeps encoders' ladders apart."""
 from __future__ import annotations
 
+import fcntl
 import itertools
+import logging
+import os
 
 import pytest
 
 from engine_lib.config import EncoderConfig
 from engine_lib.runner.batch_budget import (auto_batch_tokens, bounded_tokens, ladder, probe_batch,
-                                            saturation_tokens)
+                                            saturation_tokens, timing_alone)
 from engine_lib.runner.model_runner import ModelRunner
 from testing.tiny_models import qwen3_config, save_random_model
 
@@ -53,6 +56,46 @@ def test_bounded_budget_keeps_the_smallest_step_when_none_fits_and_the_largest_w
     assert ladder(64, 32) == [32] and bounded_tokens(lambda n: 1e-3, 0.25, largest=32)[0] == 32
 
 
+def lock_is_held(path) -> bool:
+    """Whether someone holds the flock of `path` (tried from a descriptor of this test's own)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_timing_alone_holds_the_host_lock_until_it_is_left(tmp_path):
+    lock = str(tmp_path / "timing.lock")
+    with timing_alone(lock) as held:
+        assert held and lock_is_held(lock)
+    assert not lock_is_held(lock)
+
+
+def test_timing_alone_goes_on_past_a_holder_that_keeps_the_lock(tmp_path, caplog):
+    """Another encoder holding the lock past `wait_s` (its clock the test's: no wall time waited)."""
+    lock = str(tmp_path / "timing.lock")
+    now, pauses = [0.0], []
+
+    def pause(seconds):
+        pauses.append(seconds)
+        now[0] += seconds
+
+    with timing_alone(lock) as first, caplog.at_level(logging.WARNING):
+        with timing_alone(lock, wait_s=1.0, clock=lambda: now[0], pause=pause) as second:
+            assert first and not second and now[0] >= 1.0 and pauses
+    assert "held by another encoder" in caplog.text
+
+
+def test_timing_alone_without_a_usable_lock_file_still_times(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING), timing_alone(str(tmp_path / "no-such-folder" / "timing.lock")) as held:
+        assert not held
+    assert "without the host lock" in caplog.text
+
+
 def test_cpu_encoder_budget_is_bounded_by_max_cpu_step_ms(tmp_path, monkeypatch):
     """build_endpoint on a CPU: the bounded rule's pick (from the engine's own timed steps) is the budget."""
     from transformers import Qwen3Model
@@ -61,18 +104,20 @@ def test_cpu_encoder_budget_is_bounded_by_max_cpu_step_ms(tmp_path, monkeypatch)
     from engine_lib.service.build import build_endpoint
 
     save_random_model(Qwen3Model, qwen3_config(), tmp_path, seed=52)
+    lock = str(tmp_path / "timing.lock")
+    monkeypatch.setattr(batch_budget, "TIMING_LOCK", lock)
     seen = {}
 
     def bounded(step_seconds, bound_s, largest, start=64):
-        seen.update(bound_s=bound_s, largest=largest, one_step=step_seconds(64))
+        seen.update(bound_s=bound_s, largest=largest, one_step=step_seconds(64), locked=lock_is_held(lock))
         return 128, {}
 
     monkeypatch.setattr(batch_budget, "bounded_tokens", bounded)
     encoder = build_endpoint(EncoderConfig(model_dir=str(tmp_path), device="cpu", max_batch_tokens=4096,
                                            max_cpu_step_ms=300))
     try:
-        assert encoder.service.max_batch_tokens == 128
-        assert seen["bound_s"] == 0.3 and seen["largest"] == 4096 and seen["one_step"] > 0
+        assert encoder.service.max_batch_tokens == 128 and not lock_is_held(lock)
+        assert seen["bound_s"] == 0.3 and seen["largest"] == 4096 and seen["one_step"] > 0 and seen["locked"]
     finally:
         encoder.close()
     unbounded = build_endpoint(EncoderConfig(model_dir=str(tmp_path), device="cpu", max_batch_tokens=4096,
