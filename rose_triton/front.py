@@ -104,8 +104,8 @@ class AnswerLoop:
     def __init__(self, name: str, max_in_flight: int, answer, overloaded, send_final):
         self.max_in_flight, self.answer, self.overloaded, self.send_final = max_in_flight, answer, overloaded, send_final
         self.loop = asyncio.new_event_loop()
-        self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(2 * max_in_flight + 2,
-                                                                             thread_name_prefix=f"{name}-io"))
+        self.executor = concurrent.futures.ThreadPoolExecutor(2 * max_in_flight + 2, thread_name_prefix=f"{name}-io")
+        self.loop.set_default_executor(self.executor)
         self.in_flight = 0
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"{name}-answers", daemon=True)
@@ -134,9 +134,21 @@ class AnswerLoop:
                 self.in_flight -= 1
         await self.loop.run_in_executor(None, self.send_final, sender, response)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Let the requests in flight be answered (up to `timeout_s`), then stop the loop and its executor
+        (a thread still blocked in an encoder wait is left to end with the stub)."""
+        async def answered():
+            pending = asyncio.all_tasks() - {asyncio.current_task()}
+            if pending:
+                await asyncio.wait(pending, timeout=timeout_s)
+
+        try:
+            asyncio.run_coroutine_threadsafe(answered(), self.loop).result(timeout_s + 1)
+        except concurrent.futures.TimeoutError:
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class EncoderTimeout(OverloadError):

@@ -242,3 +242,20 @@ def test_answer_loop_answers_requests_together_and_refuses_past_its_bound():
     finally:
         gate.set()
         loop.close()
+    assert all(task.done() for task in asyncio.all_tasks(loop.loop))  # d's answer finished, none dropped
+
+
+def test_closing_the_answer_loop_answers_the_requests_in_flight_first():
+    sent = queue.Queue()
+
+    async def answer(request):
+        await asyncio.sleep(0)  # not answered yet when close() is called
+        return f"rows of {request.name}"
+
+    loop = AnswerLoop("front", 4, answer, lambda limit: "refused",
+                      lambda sender, response: sent.put((sender.name, response)))
+    for name in "abc":
+        loop.submit(HeldRequest(name))
+    loop.close()
+    assert sorted(sent.queue) == [(n, f"rows of {n}") for n in "abc"]
+    assert all(task.done() for task in asyncio.all_tasks(loop.loop))
