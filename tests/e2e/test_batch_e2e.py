@@ -26,6 +26,9 @@ from testing.waiting import wait_until, wait_until_async
 MODEL = "all-MiniLM-L6-v2"
 KEYS = ("batch-key-a", "batch-key-b")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+# A killed runner's job is taken over after this; short for the tests, long enough that a runner of a
+# loaded machine whose renewals stall a few seconds keeps its job.
+LEASE_S = 4
 
 
 def batch_class(server, metric: str) -> float:
@@ -59,7 +62,7 @@ class BatchGateway:
     def start(self) -> GatewayProcess:
         self.starts += 1
         self.process = GatewayProcess(self.folder / f"gateway-{self.starts}.log", [self.server.grpc_url],
-                                      args=["--data-dir", str(self.data), "--batch-lease", "2"],
+                                      args=["--data-dir", str(self.data), "--batch-lease", str(LEASE_S)],
                                       env={"ROSE_GATEWAY_API_KEYS": ",".join(KEYS), **self.hold.env})
         return self.process
 
