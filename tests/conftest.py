@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from rose_triton.models_file import ServedModel
 from rose_triton.server import TritonServer
 from rose_wire import RERANKER, served_models
 
@@ -144,10 +145,13 @@ def multi_server(tmp_path_factory, session_servers):
     models_file = folder / "models.json"
     save_bge_m3(folder / "bge_m3")
     save_colbert(folder / "colbert")
+    # max_cpu_step_ms=0: each encoder's budget is the one configured, however fast this machine steps
     models_file.write_text(json.dumps({"embedders": {MULTI_EMBEDDER: {
-        "model_dir": "qwen3_embedder", "max_batch_tokens": 4096, "max_batch_sequences": 64},
+        "model_dir": "qwen3_embedder", "max_batch_tokens": 4096, "max_batch_sequences": 64, "max_cpu_step_ms": 0},
         MULTI_RETRIEVAL: {"model_dir": "bge_m3"}, MULTI_COLBERT: {"model_dir": "colbert"}}}))
-    instance = TritonServer(folder / "server.log", gateway=True,
+    step_bound_off = {"ROSE_MAX_CPU_STEP_MS": "0",  # the default model, and the reranker by its prefix
+                      ServedModel(MULTI_RERANKER, RERANKER, str(reranker)).env_prefix + "MAX_CPU_STEP_MS": "0"}
+    instance = TritonServer(folder / "server.log", gateway=True, env=step_bound_off,
                             serve_args=["--models-file", str(models_file),
                                         "--rerank-model", f"{MULTI_RERANKER}={reranker}"])
     instance.embedder, instance.reranker_folder, instance.models_file = embedder, reranker, models_file
