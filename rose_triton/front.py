@@ -91,22 +91,27 @@ def initialize_front(model, args: dict, pb_utils) -> None:
 class AnswerLoop:
     """A unary front's requests in flight on an event loop of its own thread. `execute` hands each
     request over with its response sender and returns (Triton >= 2.48 lets a non-decoupled model
-    answer through the sender), so one instance has many requests in flight, and the encoder
-    receives them together, where an `async def execute` would have one (Triton 2.51 awaits a
-    non-decoupled model's execute before it hands the instance the next request).
+    answer through the sender), so one instance has many requests in flight, where an `async def
+    execute` would have one (Triton 2.51 awaits a non-decoupled model's execute before it hands the
+    instance the next request).
 
-    `answer(request)` is a coroutine giving the request's one response; it and `send_final(sender,
-    response)` must not raise. Past `max_in_flight` requests a request is answered at once with
-    `overloaded(max_in_flight)` (the front's UNAVAILABLE response).
+    The loop takes every request waiting at once: `answer_many(requests)` (called on the loop; must
+    not raise) gives each its response as an awaitable, so requests that arrived while the loop was
+    busy are answered together (rose_triton/batched.py answer_together: one tokenize call, one
+    encoder call per group). An answer that raises is answered `failed(exception)`. Past
+    `max_in_flight` requests a request is answered at once with `overloaded(max_in_flight)` (the
+    front's UNAVAILABLE response); `send_final(sender, response)` must not raise.
     Sends wait for the server process (an IPC round trip), so they run in the executor, as do
     async_exec's waits for the encoder (a thread each while it waits)."""
 
-    def __init__(self, name: str, max_in_flight: int, answer, overloaded, send_final):
-        self.max_in_flight, self.answer, self.overloaded, self.send_final = max_in_flight, answer, overloaded, send_final
+    def __init__(self, name: str, max_in_flight: int, answer_many, overloaded, send_final, failed):
+        self.max_in_flight, self.answer_many = max_in_flight, answer_many
+        self.overloaded, self.send_final, self.failed = overloaded, send_final, failed
         self.loop = asyncio.new_event_loop()
         self.executor = concurrent.futures.ThreadPoolExecutor(2 * max_in_flight + 2, thread_name_prefix=f"{name}-io")
         self.loop.set_default_executor(self.executor)
         self.in_flight = 0
+        self.waiting: list = []  # (request, sender, answered) not yet handed to answer_many
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"{name}-answers", daemon=True)
         self.thread.start()
@@ -115,24 +120,47 @@ class AnswerLoop:
         """`wait`: return once the request is answered (a request whose trace its BLS call carries:
         Triton frees the trace when `execute` returns, and a BLS call with it then crashes the server)."""
         sender = request.get_response_sender()
+        answered = concurrent.futures.Future()
         with self.lock:
             admitted = self.in_flight < self.max_in_flight
             if admitted:
                 self.in_flight += 1
+                self.waiting.append((request, sender, answered))
+                first_waiting = len(self.waiting) == 1
         if not admitted:
             self.send_final(sender, self.overloaded(self.max_in_flight))
             return
-        answered = asyncio.run_coroutine_threadsafe(self._answer_and_send(request, sender), self.loop)
+        if first_waiting:  # later ones join it until the loop takes them
+            self.loop.call_soon_threadsafe(self._take_waiting)
         if wait:
             answered.result()
 
-    async def _answer_and_send(self, request, sender):
+    def _take_waiting(self) -> None:
+        with self.lock:
+            taken, self.waiting = self.waiting, []
         try:
-            response = await self.answer(request)
+            answers = self.answer_many([request for request, _, _ in taken])
+        except Exception as exc:  # a broken answer_many still answers every request
+            answers = [self._raise(exc) for _ in taken]
+        for (_, sender, answered), answer in zip(taken, answers):
+            self.loop.create_task(self._send_when_answered(answer, sender, answered))
+
+    @staticmethod
+    async def _raise(exc):
+        raise exc
+
+    async def _send_when_answered(self, answer, sender, answered) -> None:
+        try:
+            response = await answer
+        except Exception as exc:
+            response = self.failed(exc)
         finally:
             with self.lock:
                 self.in_flight -= 1
-        await self.loop.run_in_executor(None, self.send_final, sender, response)
+        try:
+            await self.loop.run_in_executor(None, self.send_final, sender, response)
+        finally:
+            answered.set_result(None)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Let the requests in flight be answered (up to `timeout_s`), then stop the loop and its executor

@@ -4,11 +4,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from engine_lib.runner.self_check import MIN_COSINE
+from rose_wire import EMBED, ROSE_ENCODER
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
 from testing.texts import VARIED_TEXTS
+from testing.waiting import wait_until
 
 WAYS = {
     "grpc_stream_ensemble": lambda server, texts, params=None: embed_stream(server.grpc_url, texts, params),
@@ -132,3 +135,46 @@ def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, 
             assert cosines(rows, refs).min() >= MIN_COSINE, request_texts[0][:30]
         with pytest.raises(InferenceServerException, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum"):
             too_long.result()
+
+
+def test_embed_requests_waiting_together_share_encoder_calls_and_each_gets_its_own(server, reference):
+    """While the tokenizer is held, requests queue in the unary front's instances; released, each
+    instance takes its waiting ones as one group (rose_triton/batched.py answer_together): those with
+    the same options share one encoder call, and each request gets its own rows, a request with other
+    options its own, a bad one its own error."""
+    stats = grpcclient.InferenceServerClient(server.grpc_url)
+    headers = {"triton-grpc-protocol-rose-admin-key": server.admin_key}
+
+    def executions(model):
+        (row,) = stats.get_inference_statistics(model, headers=headers, as_json=True)["model_stats"]
+        return int(row.get("execution_count", 0))
+
+    plain = [VARIED_TEXTS[2 * i: 2 * i + 2] for i in range(10)]
+    asks = [(t, None) for t in plain] + [(VARIED_TEXTS[30:33], {"dimensions": 64}),
+                                         (["word " * 2000], {"truncate": False})]
+    fronts, encoder = executions(EMBED), executions(ROSE_ENCODER)
+    with ThreadPoolExecutor(len(asks) + 1) as pool:
+        with server.tokenizer_hold:
+            first = pool.submit(embed_unary_grpc, server.grpc_url, [VARIED_TEXTS[40]])
+            server.tokenizer_hold.wait_entered()
+            waiting = [pool.submit(embed_unary_grpc, server.grpc_url, t, p) for t, p in asks]
+            # every request is in an instance (its execute returned) before the hold is released
+            wait_until(lambda: executions(EMBED) - fronts >= 1 + len(asks), 60,
+                       f"the {1 + len(asks)} requests to reach the unary front's instances")
+        assert cosines(first.result(), reference[VARIED_TEXTS[40]][None]).min() >= MIN_COSINE
+        for (texts, params), future in zip(asks, waiting):
+            if params and params.get("truncate") is False:
+                with pytest.raises(InferenceServerException, match=r"TEXT\[0\] has \d+ tokens, more than"):
+                    future.result()
+                continue
+            rows = future.result()
+            refs = np.stack([reference[t] for t in texts])
+            if params:
+                assert rows.shape == (3, 64)
+                refs = refs[:, :64] / np.linalg.norm(refs[:, :64], axis=1, keepdims=True)
+            assert rows.shape[0] == len(texts) and cosines(rows, refs).min() >= MIN_COSINE, texts[0][:30]
+    # 12 requests reached the encoder's front; alone they are 12 calls. Together: per instance, the
+    # one held plus one call per set of options that waited behind it (at most 2 + 2 + 1 with two).
+    calls = executions(ROSE_ENCODER) - encoder
+    reached = 1 + len(asks) - 1  # the first and the asks but the one refused while tokenized
+    assert 1 <= calls < reached, f"{calls} encoder calls for the {reached} requests that reached it: none shared"

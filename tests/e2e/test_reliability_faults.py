@@ -40,8 +40,8 @@ LIMITS = {  # (model, parameter or queue size) -> value
     ("rose_encoder", "max_queued_tokens"): ("1048576", "6000"),
     ("rose_encoder", "max_queued_requests"): ("2048", "6"),
     ("tokenizer", "max_waiting_requests"): ("128", "2"),
-    ("embed", "count"): ("4", "1"),  # one instance: its in-flight bound is the front's
-    ("embed", "max_requests_in_flight"): ("64", "2"),
+    ("embed", "count"): ("2", "1"),  # one instance: its in-flight bound is the front's
+    ("embed", "max_requests_in_flight"): ("128", "2"),
     # Tokenizer settings the unary front must take from the tokenizer's config.pbtxt too.
     ("tokenizer", "max_texts_per_request"): ("4096", "16"),
     ("tokenizer", "query_prefix"): ("", "search_query: "),

@@ -142,7 +142,7 @@ def test_a_killed_instance_that_is_not_the_first_is_healed(supervised, reference
     texts = ["healed after a kill", "a second text"]
     reference = reference_model.encode(texts, normalize_embeddings=True)
     (triton_pid, _), = [c for c in children(supervised.process.pid) if "bin/tritonserver" in c[1]]
-    stub_pid = stub_of(triton_pid, "embed_0_2")
+    stub_pid = stub_of(triton_pid, "embed_0_1")
     stop_calling, ended = threading.Event(), []
 
     def keep_calling():  # each call has a client deadline: one that never ended would fail below
@@ -173,7 +173,7 @@ def test_a_killed_instance_that_is_not_the_first_is_healed(supervised, reference
     print(f"20 calls in a row succeeded {time.monotonic() - killed_at:.1f} s after the kill; "
           f"{len(ended)} calls ended around it")
     # the stub watch names it; a probe round in flight at the kill may have met the dead instance first
-    assert watchdog_lines_naming("embed_0_2", supervised), supervised.log_tail()
+    assert watchdog_lines_naming("embed_0_1", supervised), supervised.log_tail()
 
 
 def test_stopping_serve_sh_stops_the_gateway_and_its_loop(supervised):

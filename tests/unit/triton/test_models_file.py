@@ -77,7 +77,7 @@ def test_settings_reach_the_models_that_read_them_and_nothing_else():
     assert params["encoder"]["max_batch_tokens"] == "4096" and "query_prefix" not in params["encoder"]
     assert params["tokenizer"]["query_prefix"] == "query: " and params["tokenizer"]["max_length"] == "128"
     assert params["front"] == {"tokenizer_model": "e5_tokenizer", "encoder_model": "e5_encoder",
-                               "bls_timeout_s": "30", "max_requests_in_flight": "64", "env_prefix": "ROSE_MODEL_E5_"}
+                               "bls_timeout_s": "30", "max_requests_in_flight": "128", "env_prefix": "ROSE_MODEL_E5_"}
     with pytest.raises(ValueError, match=r"unknown setting\(s\) \['task'\]"):  # set by the assembler only
         model_parameters(ServedModel("judge", RERANKER, "/r", {"task": "embed"}))
 

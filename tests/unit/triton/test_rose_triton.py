@@ -219,6 +219,11 @@ class HeldRequest:
         return self
 
 
+def one_by_one(answer):
+    """answer_many from a coroutine per request."""
+    return lambda requests: [answer(request) for request in requests]
+
+
 def test_answer_loop_answers_requests_together_and_refuses_past_its_bound():
     gate, entered, sent = threading.Event(), queue.Queue(), queue.Queue()
 
@@ -227,8 +232,8 @@ def test_answer_loop_answers_requests_together_and_refuses_past_its_bound():
         await asyncio.get_running_loop().run_in_executor(None, gate.wait)
         return f"rows of {request.name}"
 
-    loop = AnswerLoop("front", 2, answer, lambda limit: f"refused past {limit}",
-                      lambda sender, response: sent.put((sender.name, response)))
+    loop = AnswerLoop("front", 2, one_by_one(answer), lambda limit: f"refused past {limit}",
+                      lambda sender, response: sent.put((sender.name, response)), repr)
     try:
         loop.submit(HeldRequest("a"))
         loop.submit(HeldRequest("b"))
@@ -245,6 +250,60 @@ def test_answer_loop_answers_requests_together_and_refuses_past_its_bound():
     assert all(task.done() for task in asyncio.all_tasks(loop.loop))  # d's answer finished, none dropped
 
 
+def test_requests_that_wait_while_the_loop_is_busy_are_handed_over_together():
+    busy, free, handed, sent = threading.Event(), threading.Event(), [], queue.Queue()
+
+    async def rows(name):
+        return f"rows of {name}"
+
+    def answer_many(requests):
+        handed.append([r.name for r in requests])
+        if requests[0].name == "a":  # holds the loop thread, as tokenizing a group does
+            busy.set()
+            free.wait(30)
+        return [rows(r.name) for r in requests]
+
+    loop = AnswerLoop("front", 8, answer_many, lambda limit: "refused",
+                      lambda sender, response: sent.put((sender.name, response)), repr)
+    try:
+        loop.submit(HeldRequest("a"))
+        assert busy.wait(30)
+        for name in "bcd":
+            loop.submit(HeldRequest(name))
+        free.set()
+        assert sorted(sent.get(timeout=30) for _ in range(4)) == [(n, f"rows of {n}") for n in "abcd"]
+    finally:
+        free.set()
+        loop.close()
+    assert handed == [["a"], ["b", "c", "d"]]
+
+
+def test_an_answer_that_fails_is_answered_with_its_error_and_the_others_are_not():
+    sent = queue.Queue()
+
+    async def answer(request):
+        if request.name == "bad":
+            raise RuntimeError("no rows for bad")
+        return f"rows of {request.name}"
+
+    def broken(requests):
+        raise RuntimeError("answer_many broke")
+
+    for answer_many, wanted in ((one_by_one(answer), {("bad", "error RuntimeError('no rows for bad')"),
+                                                      ("good", "rows of good")}),
+                                (broken, {("bad", "error RuntimeError('answer_many broke')"),
+                                          ("good", "error RuntimeError('answer_many broke')")})):
+        loop = AnswerLoop("front", 4, answer_many, lambda limit: "refused",
+                          lambda sender, response: sent.put((sender.name, response)),
+                          lambda exc: f"error {exc!r}")
+        try:
+            loop.submit(HeldRequest("bad"))
+            loop.submit(HeldRequest("good"))
+            assert {sent.get(timeout=30), sent.get(timeout=30)} == wanted
+        finally:
+            loop.close()
+
+
 def test_closing_the_answer_loop_answers_the_requests_in_flight_first():
     sent = queue.Queue()
 
@@ -252,8 +311,8 @@ def test_closing_the_answer_loop_answers_the_requests_in_flight_first():
         await asyncio.sleep(0)  # not answered yet when close() is called
         return f"rows of {request.name}"
 
-    loop = AnswerLoop("front", 4, answer, lambda limit: "refused",
-                      lambda sender, response: sent.put((sender.name, response)))
+    loop = AnswerLoop("front", 4, one_by_one(answer), lambda limit: "refused",
+                      lambda sender, response: sent.put((sender.name, response)), repr)
     for name in "abc":
         loop.submit(HeldRequest(name))
     loop.close()
