@@ -142,7 +142,10 @@ def answer_together(requests: Sequence, read: Callable[[object], Ask], front, pb
         except Exception as exc:  # every request gets an answer
             fail([i], exc)
     try:
-        tokenized = dict(zip(asked, front.tokenize.many([(a.arrays, a.parameters) for a in asked.values()])))
+        results = front.tokenize.many([(a.arrays, a.parameters) for a in asked.values()])
+        if len(results) != len(asked):
+            raise RuntimeError(f"the tokenize step gave {len(results)} results for {len(asked)} requests")
+        tokenized = dict(zip(asked, results))
     except Exception as exc:  # a fault of the step itself (input errors come back per request)
         fail(asked, RuntimeError(f"tokenizing failed: {exc!r}"))
         return answers

@@ -139,7 +139,9 @@ class AnswerLoop:
         with self.lock:
             taken, self.waiting = self.waiting, []
         try:
-            answers = self.answer_many([request for request, _, _ in taken])
+            answers = list(self.answer_many([request for request, _, _ in taken]))
+            if len(answers) != len(taken):
+                raise RuntimeError(f"the front gave {len(answers)} answers for {len(taken)} requests")
         except Exception as exc:  # a broken answer_many still answers every request
             answers = [self._raise(exc) for _ in taken]
         for (_, sender, answered), answer in zip(taken, answers):

@@ -289,10 +289,17 @@ def test_an_answer_that_fails_is_answered_with_its_error_and_the_others_are_not(
     def broken(requests):
         raise RuntimeError("answer_many broke")
 
+    def one_short(requests):  # never zip short: every request is answered
+        rows = asyncio.get_running_loop().create_future()
+        rows.set_result("rows of one")
+        return [rows]
+
+    short = "error RuntimeError('the front gave 1 answers for 2 requests')"
     for answer_many, wanted in ((one_by_one(answer), {("bad", "error RuntimeError('no rows for bad')"),
                                                       ("good", "rows of good")}),
                                 (broken, {("bad", "error RuntimeError('answer_many broke')"),
-                                          ("good", "error RuntimeError('answer_many broke')")})):
+                                          ("good", "error RuntimeError('answer_many broke')")}),
+                                (one_short, {("bad", short), ("good", short)})):
         loop = AnswerLoop("front", 4, answer_many, lambda limit: "refused",
                           lambda sender, response: sent.put((sender.name, response)),
                           lambda exc: f"error {exc!r}")
