@@ -10,6 +10,7 @@ from engine_lib.errors import InputError
 from rose_triton.batched import Ask, answer_together, check_row_types, group_requests, merge_tokens, split_rows, texts_of
 from rose_wire import (EMBEDDINGS, EMBEDDINGS_INT8, INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS, WireError,
                        decode, encode)
+from testing.fake_triton_error import FakeTritonError
 
 
 def wire(lens, windows=()):
@@ -88,19 +89,6 @@ def test_token_types_are_merged_with_their_tokens():
     assert merge_tokens([a, b])[TOKEN_TYPE_IDS].size == 0  # the model's single segment for all
 
 
-class FakeError:
-    INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL = "c-invalid", "c-unavailable", "c-cancelled", "c-internal"
-
-    def __init__(self, message, code=INTERNAL):
-        self._message, self._code = message, code
-
-    def message(self):
-        return self._message
-
-    def code(self):
-        return self._code
-
-
 class FakeTensor:
     def __init__(self, name, array):
         self._name, self.array = name, np.asarray(array)
@@ -136,7 +124,7 @@ class FakeEncoder:
         starts = np.concatenate([[0], np.cumsum(tensors[SEQ_LENS])[:-1]]).astype(int)
         firsts = tensors[INPUT_IDS][starts]
         if (firsts == 666).any():
-            answer = FakeResponse(error=FakeError(encode(WireError("INVALID_ARG", "id 666 is refused", None))))
+            answer = FakeResponse(error=FakeTritonError(encode(WireError("INVALID_ARG", "id 666 is refused", None))))
         else:
             rows = np.stack([firsts, tensors[SEQ_LENS]], axis=1).astype(np.float32)
             answer = FakeResponse([FakeTensor(n, rows * (1 + i)) for i, n in enumerate(requested_output_names)])
@@ -154,7 +142,7 @@ class FakeBls:
 
 
 def fake_pb_utils(encoder):
-    return SimpleNamespace(TritonError=FakeError, Tensor=FakeTensor, InferenceResponse=FakeResponse,
+    return SimpleNamespace(TritonError=FakeTritonError, Tensor=FakeTensor, InferenceResponse=FakeResponse,
                            InferenceRequest=encoder.request,
                            get_output_tensor_by_name=lambda r, n: next((t for t in r.tensors if t.name() == n), None))
 
@@ -217,7 +205,7 @@ def test_requests_answered_together_share_encoder_calls_and_each_gets_its_own_ro
     assert rows_of(answers[3]) == [[6, 2]] and rows_of(answers[3], EMBEDDINGS_INT8) == [[12, 4]]
     assert rows_of(answers[6]) == [[8, 2]] and rows_of(answers[6], EMBEDDINGS_INT8) == [[16, 4]]
     assert decode(answers[4].error().message()).message == "parameters: not JSON"
-    assert answers[4].error().code() == FakeError.INVALID_ARG
+    assert answers[4].error().code() == FakeTritonError.INVALID_ARG
     assert decode(answers[5].error().message()).field == "TEXT"
     assert rows_of(answers[7]) == [[9, 1]]
 
@@ -226,5 +214,5 @@ def test_an_input_error_of_a_shared_call_is_only_the_request_that_caused_it():
     answers, calls = answered([Request([[1]]), Request([[666, 1]]), Request([[2]])])
     assert calls == [[1, 2, 1], [1], [2], [1]]  # the shared call, then each member alone
     assert rows_of(answers[0]) == [[1, 1]] and rows_of(answers[2]) == [[2, 1]]
-    assert answers[1].error().code() == FakeError.INVALID_ARG
+    assert answers[1].error().code() == FakeTritonError.INVALID_ARG
     assert "id 666 is refused" in answers[1].error().message()

@@ -20,20 +20,7 @@ from rose_triton.parameters import (
     sibling_parameters,
 )
 from rose_wire import WireError, decode
-
-
-class FakeTritonError:
-    """pb_utils.TritonError's shape: a message and a code (the class attributes name the codes)."""
-    INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL = "c-invalid", "c-unavailable", "c-cancelled", "c-internal"
-
-    def __init__(self, message, code=INTERNAL):
-        self._message, self._code = message, code
-
-    def message(self):
-        return self._message
-
-    def code(self):
-        return self._code
+from testing.fake_triton_error import FakeTritonError
 
 
 class FakePbUtils:
