@@ -7,7 +7,8 @@ parameters form a group (up to MAX_GROUP_TOKENS), and each group is one call to 
 rows that come back are split among the group's requests in order. Whatever fails for one request
 (its parameters, its texts) is that request's error alone; a failed encoder call is the error of
 every request in its group, except an input error of a group of several: then each member is
-called alone, so each gets its own verdict. A request whose outputs are not one row per text
+called alone, so each gets its own verdict. A group carries its members' priority class (the one
+each would get alone: engine_lib.options default_priority), so small requests stay interactive. A request whose outputs are not one row per text
 (sparse, multi-vector, INT8_RANGES) or that carries a trace is called alone.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from engine_lib.errors import InputError
-from engine_lib.options import parse_embedding_types
+from engine_lib.options import PRIORITY_PARAMETER, default_priority, parse_embedding_types
 from rose_wire import INPUT_IDS, OUTPUT_OF_TYPE, SCORES, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 from .errors import triton_error
@@ -153,8 +154,14 @@ def answer_together(requests: Sequence, read: Callable[[object], Ask], front, pb
     for i, ask in asked.items():
         if isinstance(tokenized[i], Exception):
             fail([i], tokenized[i])
-        else:
-            keyed.append((i, ask.raw, ask.parameters, ask.wanted, int(tokenized[i][INPUT_IDS].size), ask.shareable))
+            continue
+        tokens = tokenized[i]
+        # The encoder classes a request without priority_class by its size: a group gets its members'
+        # class explicitly, so small requests stay interactive however many share a call.
+        priority = ask.parameters.get(PRIORITY_PARAMETER) or default_priority(len(tokens[SEQ_LENS]),
+                                                                                 int(tokens[INPUT_IDS].size))
+        keyed.append((i, f"{ask.raw}\0{priority}", {**ask.parameters, PRIORITY_PARAMETER: priority}, ask.wanted,
+                      int(tokens[INPUT_IDS].size), ask.shareable))
     for group in group_requests(keyed):
         loop.create_task(_call_encoder(group, requests, tokenized, answers, front, pb_utils))
     return answers

@@ -116,11 +116,12 @@ class FakeEncoder:
     with id 666 makes the whole call an input error. `calls` records each call's sequence lengths."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.parameters = [], []
 
     def request(self, model_name, inputs, requested_output_names, parameters):
         tensors = {t.name(): t.array for t in inputs}
         self.calls.append(tensors[SEQ_LENS].tolist())
+        self.parameters.append(parameters)
         starts = np.concatenate([[0], np.cumsum(tensors[SEQ_LENS])[:-1]]).astype(int)
         firsts = tensors[INPUT_IDS][starts]
         if (firsts == 666).any():
@@ -185,6 +186,7 @@ def answered(requests):
     async def run():
         return await asyncio.gather(*answer_together(requests, read, front, fake_pb_utils(encoder)))
 
+    answered.parameters = encoder.parameters
     return asyncio.run(run()), encoder.calls
 
 
@@ -216,3 +218,14 @@ def test_an_input_error_of_a_shared_call_is_only_the_request_that_caused_it():
     assert rows_of(answers[0]) == [[1, 1]] and rows_of(answers[2]) == [[2, 1]]
     assert answers[1].error().code() == FakeTritonError.INVALID_ARG
     assert "id 666 is refused" in answers[1].error().message()
+
+
+def test_a_group_of_small_requests_stays_interactive_and_a_large_request_keeps_its_class():
+    """The encoder classes a request without priority_class by its size (engine_lib.options
+    default_priority: up to 32 texts): 2 x 20 texts share a call as interactive; 40 alone are batch."""
+    small = [[i + 20] for i in range(20)]
+    answers, calls = answered([Request(small), Request(small), Request([[i + 20] for i in range(40)]),
+                               Request(small, '{"priority_class": "batch"}')])
+    assert calls == [[1] * 40, [1] * 40, [1] * 20]
+    assert [p["priority_class"] for p in answered.parameters] == ["interactive", "batch", "batch"]
+    assert [len(rows_of(a)) for a in answers] == [20, 20, 40, 20]
