@@ -1,7 +1,10 @@
 """`--profile gpu-served`: the served path (Endpoint, BatchingService, CUDA graphs) in-process on one GPU, on a
-random-weight Qwen3-Embedding-0.6B-shaped model (docs/benchmarks.md); `--dry-run`: tiny, on CPU."""
+random-weight Qwen3-Embedding-0.6B-shaped model (docs/benchmarks.md), against transformers' own Qwen3Model on
+padded batches in the same dtype (the off-the-shelf peer), after an output check of both against the float32
+model; `--dry-run`: tiny, on CPU."""
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import tempfile
@@ -10,6 +13,7 @@ import time
 
 import numpy as np
 import torch
+import transformers
 from transformers import Qwen3Config, Qwen3Model
 
 from engine_lib.config import EncoderConfig
@@ -72,8 +76,51 @@ FULL = dict(s1=(128, 512, 4096), s2_len=512, s2=(5, 25, 50), s3_batch=100, s3=(5
             iters=100, s2_iters=30)
 DRY = dict(s1=(8, 40), s2_len=40, s2=(2, 5), s3_batch=8, s3=(40, 100), s3_seconds=1.0,
            iters=3, s2_iters=2)
-CHECK = (f"No output check here (the GPU tests check the served path: batched == alone, graphs == eager); the "
-         f"load-time self-check compares the served dtype with float32 (cosine >= {MIN_COSINE}).")
+CHECK_LENGTHS = (1, 17, 128, 300, 64, 512, 5)  # mixed lengths, a 1-token sequence among them
+CHECK_RUNS = 3  # eager, capture, replay of the check batch's bucket
+CHECK = (f"Output check before timing: the check batch (lengths {list(CHECK_LENGTHS)}) through the served path "
+         f"{CHECK_RUNS} times (eager, graph capture, replay) and through the peer, each row against the float32 "
+         f"model's (transformers, last-token pooling): cosine >= {MIN_COSINE} for ours; the GPU tests check "
+         f"batched == alone and graphs == eager.")
+PEER, EAGER = "hf", "rose-eager"
+
+
+class PaddedPeer:
+    """transformers' Qwen3Model as users run it off the shelf: a padded batch with an attention mask (right
+    padding, so the causal last token sees no padding), last-token pooling, L2-normalised."""
+
+    def __init__(self, model, dtype: torch.dtype, device: str):
+        self.model, self.device = model.to(dtype).eval(), device
+
+    def __call__(self, request: Request) -> np.ndarray:
+        lengths = request.seq_lens
+        ids = np.zeros((len(lengths), int(lengths.max())), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, sequence in enumerate(np.split(request.input_ids, np.cumsum(lengths)[:-1])):
+            ids[i, :len(sequence)], mask[i, :len(sequence)] = sequence, 1
+        with torch.inference_mode():
+            hidden = self.model(input_ids=torch.from_numpy(ids).to(self.device),
+                                attention_mask=torch.from_numpy(mask).to(self.device)).last_hidden_state
+            last = hidden[torch.arange(len(lengths), device=self.device),
+                          torch.from_numpy(lengths - 1).to(self.device)]
+            return torch.nn.functional.normalize(last.float(), dim=-1).cpu().numpy()
+
+
+def min_cosine(rows: np.ndarray, reference: np.ndarray) -> float:
+    rows, reference = rows.astype(np.float64), reference.astype(np.float64)
+    cosines = (rows * reference).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(reference, axis=1))
+    return float(cosines.min())
+
+
+def output_check(endpoint, peer: PaddedPeer, reference: PaddedPeer, vocab: int, max_positions: int) -> dict:
+    """Min cosine per text of each served run and of the peer against the float32 model, on one mixed batch."""
+    lengths = [n for n in CHECK_LENGTHS if n <= max_positions]
+    rng = np.random.default_rng(1)
+    request = token_request([rng.integers(0, vocab, size=n) for n in lengths])
+    expected = reference(request)
+    served = [min_cosine(embed(endpoint, request), expected) for _ in range(CHECK_RUNS)]
+    return {"lengths": lengths, "served_min_cosine": served, "peer_min_cosine": min_cosine(peer(request), expected),
+            "ok": min(served) >= MIN_COSINE}
 
 
 def served_cells(sizes: dict) -> tuple[Cell, ...]:
@@ -100,8 +147,8 @@ def embed(endpoint, request, timeout: float = 120.0) -> np.ndarray:
     return box["rows"][EMBEDDINGS]
 
 
-def served_time_cell(endpoint, cell: Cell, vocab: int) -> dict:
-    call = functools.partial(embed, endpoint)
+def time_cell(call, cell: Cell, vocab: int) -> dict:
+    """One cell for one target: `call(request)` answers a request (blocking)."""
     rng = np.random.default_rng(2)
     if cell.mode == "sequential":
         requests = token_requests(rng, 8 if cell.batch == 1 else 4, cell.batch, cell.seq_len, vocab)
@@ -120,7 +167,7 @@ def measure(args, out_json, machine: dict) -> dict:
     shape = TINY_QWEN3 if args.dry_run else QWEN3_EMBEDDING_0_6B
     started = datetime.datetime.now().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory() as folder:
-        save_random_qwen3(shape, folder, device)  # the HF model it returns is not needed
+        fp32_model = save_random_qwen3(shape, folder, device)
         params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
                   "max_batch_tokens": "auto", "max_queued_tokens": str(4 << 20)}
         extra = {}
@@ -130,20 +177,36 @@ def measure(args, out_json, machine: dict) -> dict:
         load_start = time.perf_counter()
         endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
         load_seconds = time.perf_counter() - load_start
-    engine = endpoint.service.engine
+        engine = endpoint.service.engine
+        # The same engine without graphs, same budget, for the sequential cells: what graph replay buys.
+        eager = build_endpoint(EncoderConfig.from_parameters(
+            {**params, "cuda_graphs": "off", "self_check": "off",
+             "max_batch_tokens": str(endpoint.service.max_batch_tokens)}))
+    reference = PaddedPeer(fp32_model, torch.float32, device)
+    peer = PaddedPeer(copy.deepcopy(fp32_model), engine.dtype, device)
     log(f"gpu-served: loaded in {load_seconds:.1f} s: {engine.dtype}, backend {engine.backend.name}, graphs "
         f"{engine.graphs is not None}, max_batch_tokens {endpoint.service.max_batch_tokens}, self-check cosine "
         f"{engine.self_check_cosine:.6f}")
-    entries = []
+    entries, vocab = [], shape["vocab_size"]
     try:
+        check = output_check(endpoint, peer, reference, vocab, engine.max_positions)
+        del reference, fp32_model
+        log(f"gpu-served: output check {check}")
         for cell in select(served_cells(sizes), args.cells, args.scale):
             if cell.seq_len > engine.max_positions:
                 continue
-            result = served_time_cell(endpoint, cell, shape["vocab_size"])
-            entries.append(cell.entry({"rose": {**result, "mean_tokens_per_text": float(cell.seq_len)}}))
-            log(f"  {cell.key}: p50 {result['p50_ms']:.2f} ms, {result.get('embeddings_per_s', 0):.1f} emb/s")
+            results, targets = {}, [("rose", endpoint), (PEER, peer)]
+            if cell.mode == "sequential":
+                targets.append((EAGER, eager))
+            for name, target in targets:
+                call = target if target is peer else functools.partial(embed, target)
+                result = time_cell(call, cell, vocab)
+                results[name] = {**result, "mean_tokens_per_text": float(cell.seq_len)}
+                log(f"  {cell.key} {name}: p50 {result['p50_ms']:.2f} ms, {result.get('embeddings_per_s', 0):.1f} emb/s")
+            entries.append(cell.entry(results))
     finally:
         endpoint.close(30)
+        eager.close(30)
     stats = vars(engine.stats)
     graphs_ok = engine.graphs is not None and stats["replays"] > 0 and stats["capture_failures"] == 0
     return {
@@ -153,13 +216,21 @@ def measure(args, out_json, machine: dict) -> dict:
         "notes": [f"dtype {engine.dtype}, attention {engine.backend.name}, max_batch_tokens=auto -> "
                   f"{endpoint.service.max_batch_tokens}; load (incl. self-check and budget) {load_seconds:.1f} s",
                   f"self-check ({engine.dtype} vs float32, built-in probes): min cosine {engine.self_check_cosine:.6f}",
+                  f"output check (min cosine per text vs float32): served {check['served_min_cosine']}, "
+                  f"peer {check['peer_min_cosine']:.6f}",
                   f"graph counters: {stats}"],
         "check": CHECK, "machine": machine,
         "model": model_record(shape, args.dry_run),
         "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
-                             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}}},
+                             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}},
+                    PEER: {"label": f"transformers Qwen3Model, {engine.dtype}, padded batches "
+                                    f"(attention {peer.model.config._attn_implementation}), last-token pooling",
+                           "versions": {"transformers": transformers.__version__}},
+                    EAGER: {"label": "ours without CUDA graphs (sequential cells): what graph replay buys",
+                            "versions": {}}},
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         "cells": entries, "self_check_cosine": engine.self_check_cosine,
         "graph_stats": stats, "max_batch_tokens": endpoint.service.max_batch_tokens, "dry_run": args.dry_run,
-        "ok": engine.self_check_cosine >= MIN_COSINE and graphs_ok,
+        "output_check": check,
+        "ok": engine.self_check_cosine >= MIN_COSINE and graphs_ok and check["ok"],
     }

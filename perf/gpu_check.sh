@@ -73,7 +73,7 @@ else
 fi
 
 log "served path (Endpoint + BatchingService + CUDA engine with graphs): profile gpu-served"
-timeout -s ABRT -k 10 200 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+timeout -s ABRT -k 10 300 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
 served_status=${PIPESTATUS[0]}
 log "served exit status $served_status"
 [[ $tests_status == 0 && $served_status == 0 ]]

@@ -26,7 +26,9 @@ def test_gpu_check_dry_run_writes_harness_json_to_a_temporary_folder():
         served = json.loads((out / "gpu-served.json").read_text())
         assert served["ok"] and served["dry_run"] and served["self_check_cosine"] >= MIN_COSINE
         assert {c["scenario"][0] for c in served["cells"]} == {"1", "2", "3"}
-        assert all(c["results"]["rose"]["n"] > 0 for c in served["cells"])
+        assert all(c["results"][target]["n"] > 0 for c in served["cells"] for target in ("rose", "hf"))
+        check = served["output_check"]
+        assert check["ok"] and min(check["served_min_cosine"]) >= MIN_COSINE and len(check["served_min_cosine"]) == 3
         stats = served["graph_stats"]
         assert stats["replays"] > 0 and stats["capture_failures"] == 0
         assert "# Benchmark `gpu-served-dry-run`" in (out / "gpu-served.md").read_text()  # the harness renders it
