@@ -23,7 +23,7 @@ from engine_lib.runner.self_check import MIN_COSINE
 from engine_lib.service.build import build_endpoint
 from rose_wire import EMBEDDINGS
 
-from .measure import latency_loop, latency_stats, log, threaded_loop
+from .measure import latency_loop, latency_stats, log, min_cosine, threaded_loop
 from .profiles import S1, S2, S3, Cell, select
 from .report import markdown  # noqa: F401 (the renderer of these profiles: the cells format)
 from .texts import Request
@@ -83,6 +83,7 @@ CHECK = (f"Output check before timing: the check batch (lengths {list(CHECK_LENG
          f"model's (transformers, last-token pooling): cosine >= {MIN_COSINE} for ours; the GPU tests check "
          f"batched == alone and graphs == eager.")
 PEER, EAGER = "hf", "rose-eager"
+BUDGETS = {"cuda": (2048, 4096, 8192, 16384), "cpu": (64, 256)}  # budget_sweep's max_batch_tokens
 
 
 class PaddedPeer:
@@ -91,8 +92,13 @@ class PaddedPeer:
 
     def __init__(self, model, dtype: torch.dtype, device: str):
         self.model, self.device = model.to(dtype).eval(), device
+        self._one_at_a_time = threading.Lock()  # as a single-worker server runs it (4 at once ran out of memory)
 
     def __call__(self, request: Request) -> np.ndarray:
+        with self._one_at_a_time:
+            return self._rows(request)
+
+    def _rows(self, request: Request) -> np.ndarray:
         lengths = request.seq_lens
         ids = np.zeros((len(lengths), int(lengths.max())), dtype=np.int64)
         mask = np.zeros_like(ids)
@@ -104,12 +110,6 @@ class PaddedPeer:
             last = hidden[torch.arange(len(lengths), device=self.device),
                           torch.from_numpy(lengths - 1).to(self.device)]
             return torch.nn.functional.normalize(last.float(), dim=-1).cpu().numpy()
-
-
-def min_cosine(rows: np.ndarray, reference: np.ndarray) -> float:
-    rows, reference = rows.astype(np.float64), reference.astype(np.float64)
-    cosines = (rows * reference).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(reference, axis=1))
-    return float(cosines.min())
 
 
 def output_check(endpoint, peer: PaddedPeer, reference: PaddedPeer, vocab: int, max_positions: int) -> dict:
@@ -160,28 +160,57 @@ def time_cell(call, cell: Cell, vocab: int) -> dict:
     return threaded_loop(call, requests, cell.concurrency, cell.duration_s, cell.key)
 
 
+def guarded_time_cell(call, cell: Cell, vocab: int, device: str) -> dict:
+    """time_cell's result, or {"error": ...} (the report shows the cell as failed; the sweep goes on)."""
+    try:
+        return {**time_cell(call, cell, vocab), "mean_tokens_per_text": float(cell.seq_len)}
+    except Exception as exc:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+
+
+def budget_sweep(folder: str, params: dict, extra: dict, sizes: dict, vocab: int, device: str) -> list[dict]:
+    """Scenario 3's throughput cells with max_batch_tokens fixed at each of BUDGETS, one engine at a time:
+    whether `auto`'s pick leaves throughput behind."""
+    cells = [c for c in served_cells(sizes) if c.scenario == S3][:2]
+    rows = []
+    for budget in BUDGETS[device]:
+        endpoint = build_endpoint(EncoderConfig.from_parameters(
+            {**params, "self_check": "off", "max_batch_tokens": str(budget)}), **extra)
+        try:
+            for cell in cells:
+                result = guarded_time_cell(functools.partial(embed, endpoint), cell, vocab, device)
+                rows.append({"max_batch_tokens": budget, "cell": cell.key, **result})
+                log(f"  budget {budget} {cell.key}: {result.get('embeddings_per_s', result.get('error'))}")
+        finally:
+            endpoint.close(30)
+    return rows
+
+
 def measure(args, out_json, machine: dict) -> dict:
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu-served: no CUDA device (use --dry-run on CPU)")
     device, sizes = ("cpu", DRY) if args.dry_run else ("cuda", FULL)
     shape = TINY_QWEN3 if args.dry_run else QWEN3_EMBEDDING_0_6B
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    with tempfile.TemporaryDirectory() as folder:
-        fp32_model = save_random_qwen3(shape, folder, device)
-        params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
-                  "max_batch_tokens": "auto", "max_queued_tokens": str(4 << 20)}
-        extra = {}
-        if args.dry_run:  # graphs on CPU through the capture stand-in
-            params.update(attention_backend="masked", cuda_graphs="on")
-            extra = {"graph_capture": rerun_capture}
-        load_start = time.perf_counter()
-        endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
-        load_seconds = time.perf_counter() - load_start
-        engine = endpoint.service.engine
-        # The same engine without graphs, same budget, for the sequential cells: what graph replay buys.
-        eager = build_endpoint(EncoderConfig.from_parameters(
-            {**params, "cuda_graphs": "off", "self_check": "off",
-             "max_batch_tokens": str(endpoint.service.max_batch_tokens)}))
+    scratch = tempfile.TemporaryDirectory()  # the weights: read again by budget_sweep's engines
+    folder = scratch.name
+    fp32_model = save_random_qwen3(shape, folder, device)
+    params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
+              "max_batch_tokens": "auto", "max_queued_tokens": str(4 << 20)}
+    extra = {}
+    if args.dry_run:  # graphs on CPU through the capture stand-in
+        params.update(attention_backend="masked", cuda_graphs="on")
+        extra = {"graph_capture": rerun_capture}
+    load_start = time.perf_counter()
+    endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
+    load_seconds = time.perf_counter() - load_start
+    engine = endpoint.service.engine
+    # The same engine without graphs, same budget, for the sequential cells: what graph replay buys.
+    eager = build_endpoint(EncoderConfig.from_parameters(
+        {**params, "cuda_graphs": "off", "self_check": "off",
+         "max_batch_tokens": str(endpoint.service.max_batch_tokens)}))
     reference = PaddedPeer(fp32_model, torch.float32, device)
     peer = PaddedPeer(copy.deepcopy(fp32_model), engine.dtype, device)
     log(f"gpu-served: loaded in {load_seconds:.1f} s: {engine.dtype}, backend {engine.backend.name}, graphs "
@@ -200,13 +229,14 @@ def measure(args, out_json, machine: dict) -> dict:
                 targets.append((EAGER, eager))
             for name, target in targets:
                 call = target if target is peer else functools.partial(embed, target)
-                result = time_cell(call, cell, vocab)
-                results[name] = {**result, "mean_tokens_per_text": float(cell.seq_len)}
-                log(f"  {cell.key} {name}: p50 {result['p50_ms']:.2f} ms, {result.get('embeddings_per_s', 0):.1f} emb/s")
+                results[name] = result = guarded_time_cell(call, cell, vocab, device)
+                log(f"  {cell.key} {name}: {result}")
             entries.append(cell.entry(results))
+        sweep = budget_sweep(folder, params, extra, sizes, vocab, device) if not args.cells else []
     finally:
         endpoint.close(30)
         eager.close(30)
+        scratch.cleanup()
     stats = vars(engine.stats)
     graphs_ok = engine.graphs is not None and stats["replays"] > 0 and stats["capture_failures"] == 0
     return {
@@ -218,7 +248,11 @@ def measure(args, out_json, machine: dict) -> dict:
                   f"self-check ({engine.dtype} vs float32, built-in probes): min cosine {engine.self_check_cosine:.6f}",
                   f"output check (min cosine per text vs float32): served {check['served_min_cosine']}, "
                   f"peer {check['peer_min_cosine']:.6f}",
-                  f"graph counters: {stats}"],
+                  f"graph counters: {stats}",
+                  "max_batch_tokens fixed (budget_sweep): " + "; ".join(
+                      f"{r['max_batch_tokens']} {r['cell']} " + (f"{r['embeddings_per_s']:.1f} emb/s (p50 "
+                                                                  f"{r['p50_ms']:.0f} ms)" if "error" not in r else
+                                                                  "failed") for r in sweep)],
         "check": CHECK, "machine": machine,
         "model": model_record(shape, args.dry_run),
         "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
@@ -231,6 +265,6 @@ def measure(args, out_json, machine: dict) -> dict:
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         "cells": entries, "self_check_cosine": engine.self_check_cosine,
         "graph_stats": stats, "max_batch_tokens": endpoint.service.max_batch_tokens, "dry_run": args.dry_run,
-        "output_check": check,
+        "output_check": check, "budget_sweep": sweep,
         "ok": engine.self_check_cosine >= MIN_COSINE and graphs_ok and check["ok"],
     }

@@ -100,9 +100,13 @@ def threaded_loop(call: Callable, requests: Sequence, concurrency: int, duration
     """`concurrency` threads in this process, each a closed loop (in-process peers)."""
     start_at = time.time() + 0.2
     parts: list = [None] * concurrency
+    errors: list[BaseException] = []
 
     def client(k):
-        parts[k] = closed_loop(call, requests, start_at, duration, offset=k * 7)
+        try:
+            parts[k] = closed_loop(call, requests, start_at, duration, offset=k * 7)
+        except Exception as exc:  # raised below, once every client has stopped
+            errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
     for t in threads:
@@ -112,4 +116,6 @@ def threaded_loop(call: Callable, requests: Sequence, concurrency: int, duration
         progress.update(max(0.0, time.time() - start_at))
         time.sleep(0.2)
     progress.close()
+    if errors:
+        raise errors[0]
     return combine(parts)

@@ -29,6 +29,8 @@ def test_gpu_check_dry_run_writes_harness_json_to_a_temporary_folder():
         assert all(c["results"][target]["n"] > 0 for c in served["cells"] for target in ("rose", "hf"))
         check = served["output_check"]
         assert check["ok"] and min(check["served_min_cosine"]) >= MIN_COSINE and len(check["served_min_cosine"]) == 3
+        sweep = served["budget_sweep"]
+        assert {r["max_batch_tokens"] for r in sweep} == {64, 256} and all(r["embeddings"] > 0 for r in sweep)
         stats = served["graph_stats"]
         assert stats["replays"] > 0 and stats["capture_failures"] == 0
         assert "# Benchmark `gpu-served-dry-run`" in (out / "gpu-served.md").read_text()  # the harness renders it

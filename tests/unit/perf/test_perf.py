@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from perf import mix, report
-from perf.measure import combine, latency_stats, min_cosine
+from perf.measure import combine, latency_stats, min_cosine, threaded_loop
 from perf.profiles import PROFILES, Cell, select
 from perf.runner import run_rounds, server_env, skip_reason
 from perf.texts import TextMaker
@@ -39,6 +39,14 @@ def test_latency_stats_and_combine():
     parts = [{"rows": 10, "requests": 5, "start": 0.0, "end": 2.0, "latencies_ms": [1.0] * 5},
              {"rows": 30, "requests": 5, "start": 0.1, "end": 4.0, "latencies_ms": [3.0] * 5}]
     assert combine(parts)["embeddings_per_s"] == pytest.approx(10.0)
+
+
+def test_a_client_that_fails_fails_the_threaded_loop():
+    def call(request):
+        raise MemoryError("out of device memory")
+
+    with pytest.raises(MemoryError, match="out of device memory"):
+        threaded_loop(call, [object()], concurrency=2, duration=60.0)
 
 
 def test_profiles_cover_the_seeds_four_scenarios():

@@ -242,7 +242,8 @@ def test_a_runner_on_the_last_gpu_steps_there_from_another_thread(folders):
     assert runner.device == torch.device("cuda", index)
     assert next(runner.model.parameters()).device == runner.device
     batch = PackedBatch.from_sequences(random_sequences([8, 16], 128, seed=25))
-    eager = runner.forward_eager(batch).cpu().numpy()
+    with torch.inference_mode():  # as step runs it
+        eager = runner.forward_eager(batch).cpu().numpy()
     rows = []
     thread = threading.Thread(target=lambda: rows.extend(runner.step(batch).wait() for _ in range(3)), daemon=True)
     thread.start()
