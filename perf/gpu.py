@@ -83,7 +83,6 @@ CHECK = (f"Output check before timing: the check batch (lengths {list(CHECK_LENG
          f"model's (transformers, last-token pooling): cosine >= {MIN_COSINE} for ours; the GPU tests check "
          f"batched == alone and graphs == eager.")
 PEER, EAGER = "hf", "rose-eager"
-BUDGETS = {"cuda": (2048, 4096, 8192, 16384), "cpu": (64, 256)}  # budget_sweep's max_batch_tokens
 
 
 class PaddedPeer:
@@ -170,31 +169,13 @@ def guarded_time_cell(call, cell: Cell, vocab: int, device: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:400]}
 
 
-def budget_sweep(folder: str, params: dict, extra: dict, sizes: dict, vocab: int, device: str) -> list[dict]:
-    """Scenario 3's throughput cells with max_batch_tokens fixed at each of BUDGETS, one engine at a time:
-    whether `auto`'s pick leaves throughput behind."""
-    cells = [c for c in served_cells(sizes) if c.scenario == S3][:2]
-    rows = []
-    for budget in BUDGETS[device]:
-        endpoint = build_endpoint(EncoderConfig.from_parameters(
-            {**params, "self_check": "off", "max_batch_tokens": str(budget)}), **extra)
-        try:
-            for cell in cells:
-                result = guarded_time_cell(functools.partial(embed, endpoint), cell, vocab, device)
-                rows.append({"max_batch_tokens": budget, "cell": cell.key, **result})
-                log(f"  budget {budget} {cell.key}: {result.get('embeddings_per_s', result.get('error'))}")
-        finally:
-            endpoint.close(30)
-    return rows
-
-
 def measure(args, out_json, machine: dict) -> dict:
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu-served: no CUDA device (use --dry-run on CPU)")
     device, sizes = ("cpu", DRY) if args.dry_run else ("cuda", FULL)
     shape = TINY_QWEN3 if args.dry_run else QWEN3_EMBEDDING_0_6B
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    scratch = tempfile.TemporaryDirectory()  # the weights: read again by budget_sweep's engines
+    scratch = tempfile.TemporaryDirectory()
     folder = scratch.name
     fp32_model = save_random_qwen3(shape, folder, device)
     params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
@@ -232,7 +213,6 @@ def measure(args, out_json, machine: dict) -> dict:
                 results[name] = result = guarded_time_cell(call, cell, vocab, device)
                 log(f"  {cell.key} {name}: {result}")
             entries.append(cell.entry(results))
-        sweep = budget_sweep(folder, params, extra, sizes, vocab, device) if not args.cells else []
     finally:
         endpoint.close(30)
         eager.close(30)
@@ -248,11 +228,7 @@ def measure(args, out_json, machine: dict) -> dict:
                   f"self-check ({engine.dtype} vs float32, built-in probes): min cosine {engine.self_check_cosine:.6f}",
                   f"output check (min cosine per text vs float32): served {check['served_min_cosine']}, "
                   f"peer {check['peer_min_cosine']:.6f}",
-                  f"graph counters: {stats}",
-                  "max_batch_tokens fixed (budget_sweep): " + "; ".join(
-                      f"{r['max_batch_tokens']} {r['cell']} " + (f"{r['embeddings_per_s']:.1f} emb/s (p50 "
-                                                                  f"{r['p50_ms']:.0f} ms)" if "error" not in r else
-                                                                  "failed") for r in sweep)],
+                  f"graph counters: {stats}"],
         "check": CHECK, "machine": machine,
         "model": model_record(shape, args.dry_run),
         "targets": {"rose": {"label": "ours: Endpoint + BatchingService + ModelRunner in-process (no Triton)",
@@ -265,6 +241,6 @@ def measure(args, out_json, machine: dict) -> dict:
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         "cells": entries, "self_check_cosine": engine.self_check_cosine,
         "graph_stats": stats, "max_batch_tokens": endpoint.service.max_batch_tokens, "dry_run": args.dry_run,
-        "output_check": check, "budget_sweep": sweep,
+        "output_check": check,
         "ok": engine.self_check_cosine >= MIN_COSINE and graphs_ok and check["ok"],
     }

@@ -4,11 +4,13 @@
 #     restores the stream, a runner on cuda:N, a device-side assert ends the process (exit 70),
 #     varlen/FlashInfer == SDPA on strided GQA q/k/v, bf16 within cosine 0.999 of fp32;
 #  2. the harness's gpu-served profile (perf/gpu.py): build_endpoint as the Triton model does it
-#     (bf16, graphs, max_batch_tokens=auto, self-check), the seed's scenarios 1-3 through the
-#     Endpoint, graph counters.
+#     (bf16, graphs, max_batch_tokens=auto, self-check), an output check against the float32 model, the
+#     seed's scenarios 1-3 through the Endpoint against transformers on padded batches, graph counters;
+#  3. the gpu-budget profile (perf/gpu_budget.py): max_batch_tokens auto vs fixed budgets, bulk load
+#     alone and beside one interactive client.
 # Random-weight Qwen3-Embedding-0.6B-shaped model throughout (no downloads on that machine).
-#   perf/gpu_check.sh [--dry-run] [--out DIR]
-# Results: DIR (default perf/results/<gpu>-<cores>c/): gpu-served.json/.md (in the README's table:
+#   perf/gpu_check.sh [--dry-run] [--out DIR] [--stages tests,served,budget]
+# Results: DIR (default perf/results/<gpu>-<cores>c/): gpu-served and gpu-budget .json/.md (in the README's table:
 # `python -m perf readme-table --write`), gpu_tests.log/.xml, summary.txt.
 # --dry-run: CPU only, tiny model, small sizes (CI); writes to a temporary folder unless --out.
 # FlashInfer is not installed by this script: give it its own call (docs/benchmarks.md).
@@ -18,10 +20,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 DRY_RUN=0
 OUT_DIR=""
+STAGES="tests,served,budget"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
     --out) OUT_DIR="$2"; shift 2 ;;
+    --stages) STAGES="$2"; shift 2 ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -48,21 +52,27 @@ if [[ "$DRY_RUN" == 1 ]]; then
   log "dry run on CPU: torch $("$PYTHON" -c 'from importlib.metadata import version; print(version("torch"))')"
   "${PROFILE[@]}" gpu-served --dry-run 2>&1 | tee -a "$OUT_DIR/summary.txt"
   served=${PIPESTATUS[0]}
-  log "dry run exit status: served $served"
-  exit "$served"
+  "${PROFILE[@]}" gpu-budget --dry-run 2>&1 | tee -a "$OUT_DIR/summary.txt"
+  budget=${PIPESTATUS[0]}
+  log "dry run exit status: served $served, budget $budget"
+  [[ $served == 0 && $budget == 0 ]]
+  exit
 fi
 
 "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { log "no CUDA device"; exit 2; }
 log "$("$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$OUT_DIR/summary.txt"
 
-tests_status=0
-if "$PYTHON" -c 'import pytest' 2>/dev/null; then
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+tests_status=0 served_status=0 budget_status=0
+if ! stage tests; then
+  log "GPU tests not asked for (--stages $STAGES)"
+elif "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
   timeout -s ABRT -k 10 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
     --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
-    tests/unit/service/test_service_fatal.py tests/unit/runner/test_batched_equals_alone.py \
+    tests/unit/service/test_service_fatal.py tests/unit/runner/test_batched_equals_alone.py tests/unit/models/test_retrieval_gpu.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
   tests_status=$?
   tail -n 25 "$OUT_DIR/gpu_tests.log" >&2
@@ -72,8 +82,17 @@ else
   tests_status=3
 fi
 
-log "served path (Endpoint + BatchingService + CUDA engine with graphs): profile gpu-served"
-timeout -s ABRT -k 10 300 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
-served_status=${PIPESTATUS[0]}
-log "served exit status $served_status"
-[[ $tests_status == 0 && $served_status == 0 ]]
+if stage served; then
+  log "served path (Endpoint + BatchingService + CUDA engine with graphs): profile gpu-served"
+  timeout -s ABRT -k 10 300 "${PROFILE[@]}" gpu-served 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+  served_status=${PIPESTATUS[0]}
+  log "served exit status $served_status"
+fi
+
+if stage budget; then
+  log "token budgets (auto vs fixed; bulk alone and beside a query): profile gpu-budget"
+  timeout -s ABRT -k 10 200 "${PROFILE[@]}" gpu-budget 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+  budget_status=${PIPESTATUS[0]}
+  log "budget exit status $budget_status"
+fi
+[[ $tests_status == 0 && $served_status == 0 && $budget_status == 0 ]]

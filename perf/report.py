@@ -11,7 +11,7 @@ from .machine import machine_line
 
 OURS = "rose"
 OURS_IN_PROCESS, IN_PROCESS_PEERS = "rose-inproc", ("st", "ort")  # compared with each other too
-README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served")  # then overhead
+README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served", "gpu-budget")  # then overhead
 README_BEGIN, README_END = "<!-- perf-table:begin (python -m perf readme-table --write) -->", "<!-- perf-table:end -->"
 
 

@@ -33,12 +33,15 @@ def folders(tmp_path_factory):
 _RUNNERS = {}
 
 
-def serve(folder, options: RequestOptions, texts=TEXTS):
-    """Every text through the folder's tokenizer (text_tokenizer) -> Endpoint(BatchingService(ModelRunner)) (CPU, fp32): the answer tensors.
-    A small token budget splits the texts over several batches."""
-    if folder not in _RUNNERS:
-        _RUNNERS[folder] = ModelRunner(str(folder), device="cpu", dtype="float32", cpu_linear="plain")
-    endpoint = Endpoint(BatchingService(_RUNNERS[folder], max_batch_tokens=24, max_batch_sequences=8))
+def serve(folder, options: RequestOptions, texts=TEXTS, runner: ModelRunner | None = None):
+    """Every text through the folder's tokenizer (text_tokenizer) -> Endpoint(BatchingService(ModelRunner)): the
+    answer tensors; the runner given, else the folder's on the CPU in fp32. A small token budget splits the texts
+    over several batches."""
+    if runner is None:
+        if folder not in _RUNNERS:
+            _RUNNERS[folder] = ModelRunner(str(folder), device="cpu", dtype="float32", cpu_linear="plain")
+        runner = _RUNNERS[folder]
+    endpoint = Endpoint(BatchingService(runner, max_batch_tokens=24, max_batch_sequences=8))
     options = endpoint.output.select(options, [], [])
     tokens = text_tokenizer(str(folder), TokenizerConfig()).encode(texts, options)
     done, answer = threading.Event(), {}

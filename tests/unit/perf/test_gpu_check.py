@@ -29,8 +29,11 @@ def test_gpu_check_dry_run_writes_harness_json_to_a_temporary_folder():
         assert all(c["results"][target]["n"] > 0 for c in served["cells"] for target in ("rose", "hf"))
         check = served["output_check"]
         assert check["ok"] and min(check["served_min_cosine"]) >= MIN_COSINE and len(check["served_min_cosine"]) == 3
-        sweep = served["budget_sweep"]
-        assert {r["max_batch_tokens"] for r in sweep} == {64, 256} and all(r["embeddings"] > 0 for r in sweep)
+        budget = json.loads((out / "gpu-budget.json").read_text())
+        assert budget["ok"] and budget["dry_run"] and set(budget["budgets"]) == {"rose", "budget-64", "budget-256"}
+        assert [budget["budgets"][f"budget-{b}"] for b in (64, 256)] == [64, 256]
+        for cell in budget["cells"]:
+            assert all(r["n"] > 0 for r in cell["results"].values()), cell["key"]
         stats = served["graph_stats"]
         assert stats["replays"] > 0 and stats["capture_failures"] == 0
         assert "# Benchmark `gpu-served-dry-run`" in (out / "gpu-served.md").read_text()  # the harness renders it
