@@ -59,12 +59,14 @@ def describe() -> dict:
     except OSError:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
-    try:  # a device machine may have no git: GIT_COMMIT (gpu_check.sh sets it where git runs) then
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip()
-    except OSError:
-        commit = ""
-    commit = commit or os.environ.get("GIT_COMMIT", "")
+    # GIT_COMMIT first: a device machine may have no git, or a copy of the tree newer than its git metadata.
+    commit = os.environ.get("GIT_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=os.path.dirname(__file__)).stdout.strip()
+        except OSError:
+            pass
     return {
         "cpu": cpu_model(), "cpu_isa": isa, "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": _mem_gib(), "gpu": gpu_model(),

@@ -11,7 +11,7 @@ from .machine import machine_line
 
 OURS = "rose"
 OURS_IN_PROCESS, IN_PROCESS_PEERS = "rose-inproc", ("st", "ort")  # compared with each other too
-README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served", "gpu-budget")  # then overhead
+README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served")  # overhead: docs/benchmarks.md
 README_BEGIN, README_END = "<!-- perf-table:begin (python -m perf readme-table --write) -->", "<!-- perf-table:end -->"
 
 
@@ -105,34 +105,25 @@ def _cells_table(results: dict) -> list[str]:
     return lines
 
 
-def _overhead_table(results: dict) -> list[str]:
-    lines = ["| client path | served p50 ms | overhead p50 ms | server CPU ms/request |", "|---|---|---|---|"]
-    for path, by_server in results["paths"].items():
-        r = by_server["current"]
-        lines.append(f"| `{path}` | {r['p50_ms']:.2f} | {r['overhead_p50_ms']:.2f} | "
-                     f"{r['server_cpu_ms_per_request']:.2f} |")
-    return lines
-
-
 def readme_table(results_dir: Path, repo: Path) -> str:
     """The README's performance section body: each profile's current result file, from the machine that ran
     it last (each machine's folder keeps its own; the README shows one of each, newest by date)."""
     newest: dict[str, tuple[str, Path, dict]] = {}
     for folder in sorted(p for p in results_dir.iterdir() if p.is_dir()):
-        for profile in (*README_PROFILES, "overhead"):
+        for profile in README_PROFILES:
             path = folder / f"{profile}.json"
             if path.is_file():
                 results = json.loads(path.read_text())
                 if profile not in newest or results["machine"]["date"] > newest[profile][0]:
                     newest[profile] = (results["machine"]["date"], path, results)
     lines = []
-    for profile in (p for p in (*README_PROFILES, "overhead") if p in newest):
+    for profile in (p for p in README_PROFILES if p in newest):
         _, path, results = newest[profile]
         m, link = results["machine"], path.with_suffix(".md").relative_to(repo)
         gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
         lines += [f"**`{profile}`** on {m['cpu']} ({m['cores']} cores{gpu}), {m['date']}, "
                   f"{results['model'].get('name', 'near-free model')}: [{link.name}]({link})", ""]
-        lines += _overhead_table(results) if profile == "overhead" else _cells_table(results)
+        lines += _cells_table(results)
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
