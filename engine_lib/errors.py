@@ -20,5 +20,10 @@ class OverloadError(RuntimeError):
     """The server refuses new work because its queue is full."""
 
 
+class DeviceOutOfMemory(OverloadError):
+    """A step ran out of device (or host) memory: its requests are refused as overload (retry, or send
+    fewer or shorter texts); the service goes on."""
+
+
 class RequestCancelled(RuntimeError):
     """The client cancelled the request before all its sequences were computed."""

@@ -41,7 +41,7 @@ import numpy as np
 
 from engine_lib import faults
 from engine_lib.contract import Engine, PackedBatch, RaggedTokens
-from engine_lib.errors import OverloadError, RequestCancelled
+from engine_lib.errors import DeviceOutOfMemory, OverloadError, RequestCancelled
 from engine_lib.service.fatal import exit_process, is_sticky_device_error
 from engine_lib.service.metrics import EncoderMetrics
 from engine_lib.service.scheduler import INTERACTIVE, PRIORITIES, PriorityBatcher, ScheduledSequence
@@ -49,6 +49,14 @@ from engine_lib.service.scheduler import INTERACTIVE, PRIORITIES, PriorityBatche
 log = logging.getLogger(__name__)
 
 DoneCallback = Callable[[Optional[np.ndarray], Optional[Exception]], None]
+
+
+OUT_OF_MEMORY = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "can't allocate memory")  # CUDA, cuBLAS, CPU
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's CUDA and CPU allocators (and cuBLAS) say so in their message; numpy raises MemoryError."""
+    return isinstance(exc, MemoryError) or any(marker in str(exc) for marker in OUT_OF_MEMORY)
 
 
 @dataclass
@@ -361,12 +369,18 @@ class BatchingService:
             self._finish(seq.request_key, request, None)
 
     def _fail(self, scheduled: list[ScheduledSequence], exc: Exception) -> None:
+        error = RuntimeError(f"inference failed: {exc}")
+        if is_out_of_memory(exc):
+            error = DeviceOutOfMemory(
+                f"the device ran out of memory on a batch of {sum(s.num_tokens for s in scheduled)} tokens in "
+                f"{len(scheduled)} sequences; retry, or send fewer or shorter texts (a batch holds at most "
+                f"max_batch_tokens={self.max_batch_tokens} tokens; a longer sequence runs alone)")
         for key in {s.request_key for s in scheduled}:
             request = self._requests.get(key)
             if request is not None:
                 with self._lock:
                     self._batcher.drop(key)
-                self._finish(key, request, RuntimeError(f"inference failed: {exc}"))
+                self._finish(key, request, error)
 
     def _finish(self, key: int, request: _PooledRequest, error: Optional[Exception]) -> None:
         # Cancellation (scheduler thread) can race completion or failure

@@ -177,6 +177,39 @@ def test_engine_failure_fails_only_its_requests():
     service.close()
 
 
+class OutOfMemoryEngine(FakeEngine):
+    """A step holding `token` fails as torch's CUDA allocator fails (its own exception type)."""
+
+    def __init__(self, token: int):
+        super().__init__()
+        self.token = token
+
+    def step(self, batch):
+        import torch  # only this test needs torch's exception type
+
+        if self.token in batch.input_ids:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.34 GiB. GPU 0 has a total "
+                                         "capacity of 139.80 GiB of which 1.62 GiB is free.")
+        return super().step(batch)
+
+
+def test_a_step_out_of_device_memory_is_refused_as_overload_naming_the_batch_and_the_service_goes_on():
+    service = make_service(OutOfMemoryEngine(token=999), max_batch_sequences=1)
+    replies = Replies()
+    submit(service, replies, "big", [[999, 1, 2]])
+    submit(service, replies, "good", [[5, 6]])
+    replies.wait_for(2)
+    error = replies.results["big"][1]
+    assert isinstance(error, OverloadError)
+    assert "ran out of memory on a batch of 3 tokens in 1 sequences" in str(error)
+    assert f"max_batch_tokens={service.max_batch_tokens}" in str(error)
+    np.testing.assert_array_equal(replies.results["good"][0], [expected_row([5, 6])])
+    submit(service, replies, "later", [[7]])
+    replies.wait_for(3)
+    assert replies.results["later"][1] is None
+    service.close()
+
+
 @pytest.mark.parametrize("handed_off", [False, True], ids=["answered-inline", "completion-thread"])
 def test_rows_not_matching_the_batch_fail_its_requests_with_an_error(handed_off):
     engine = FakeEngine(short_token=999)  # a batch holding 999 returns one row too few
