@@ -7,9 +7,11 @@
 #     (bf16, graphs, max_batch_tokens=auto, self-check), an output check against the float32 model, the
 #     seed's scenarios 1-3 through the Endpoint against transformers on padded batches, graph counters;
 #  3. the gpu-budget profile (perf/gpu_budget.py): max_batch_tokens auto vs fixed budgets, bulk load
-#     alone and beside one interactive client.
+#     alone and beside one interactive client;
+#  4. the gpu-triton profile through perf/gpu_triton.sh (Triton from the wheels carried in .whl/, made by
+#     perf/gpu_wheels.sh): scripts/serve.sh on the GPU, tritonclient against transformers, latency.
 # Random-weight Qwen3-Embedding-0.6B-shaped model throughout (no downloads on that machine).
-#   perf/gpu_check.sh [--dry-run] [--out DIR] [--stages tests,served,budget]
+#   perf/gpu_check.sh [--dry-run] [--out DIR] [--stages tests,served,budget,triton]
 # Results: DIR (default perf/results/<gpu>-<cores>c/): gpu-served and gpu-budget .json/.md (in the README's table:
 # `python -m perf readme-table --write`), gpu_tests.log/.xml, summary.txt.
 # --dry-run: CPU only, tiny model, small sizes (CI); writes to a temporary folder unless --out.
@@ -20,7 +22,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 DRY_RUN=0
 OUT_DIR=""
-STAGES="tests,served,budget"
+STAGES="tests,served,budget,triton"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
@@ -64,13 +66,12 @@ log "$("$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", tor
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$OUT_DIR/summary.txt"
 
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
-tests_status=0 served_status=0 budget_status=0
+tests_status=0 served_status=0 budget_status=0 triton_status=0
 if ! stage tests; then
   log "GPU tests not asked for (--stages $STAGES)"
 elif "$PYTHON" -c 'import pytest' 2>/dev/null; then
   log "GPU tests (pytest -m gpu)"
   timeout -s ABRT -k 10 120 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" -rA -q \
-    --junitxml "$OUT_DIR/gpu_tests.xml" \
     tests/unit/attention/test_attention.py tests/unit/runner/test_cuda_graphs.py tests/unit/device/test_lazy_tensor.py tests/unit/models/test_models_qwen3.py \
     tests/unit/service/test_service_fatal.py tests/unit/runner/test_batched_equals_alone.py tests/unit/models/test_retrieval_gpu.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1
@@ -95,4 +96,11 @@ if stage budget; then
   budget_status=${PIPESTATUS[0]}
   log "budget exit status $budget_status"
 fi
-[[ $tests_status == 0 && $served_status == 0 && $budget_status == 0 ]]
+if stage triton; then
+  log "the model repository under tritonserver (wheels from .whl/): profile gpu-triton"
+  PYTHON="$PYTHON" timeout -s ABRT -k 10 240 "$ROOT/perf/gpu_triton.sh" --out "$OUT_DIR" 2>&1 \
+    | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+  triton_status=${PIPESTATUS[0]}
+  log "triton exit status $triton_status"
+fi
+[[ $tests_status == 0 && $served_status == 0 && $budget_status == 0 && $triton_status == 0 ]]

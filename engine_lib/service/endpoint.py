@@ -156,12 +156,13 @@ class Endpoint:
         return self.service.submit(tokens, finish, is_cancelled, received_at, priority, trace=trace)
 
     def gauges(self) -> dict:
-        """Queue depth (in all and by class), the load-time self-check figure (labelled with the served dtype)
-        and the batch token budget
-        (for the metrics thread; a labelled series is keyed (name, labels))."""
+        """Queue depth (in all and by class), the load-time self-check figure (labelled with the device and
+        dtype served) and the batch token budget (for the metrics thread; a labelled series is keyed
+        (name, labels))."""
         by_class = {("rose_queue_sequences", (("priority", p),)): n for p, n in self.service.class_depth().items()}
         engine = self.service.engine
-        served = (("dtype", str(getattr(engine, "dtype", "float32")).removeprefix("torch.")),)
+        served = (("device", str(getattr(engine, "device", "cpu"))),
+                  ("dtype", str(getattr(engine, "dtype", "float32")).removeprefix("torch.")))
         return {**self.service.queue_depth(), **by_class,
                 ("rose_self_check_cosine", served): getattr(engine, "self_check_cosine", 1.0),
                 "rose_batch_token_budget": self.service.max_batch_tokens}

@@ -45,7 +45,8 @@ SPECS = {spec.name: spec for spec in (
                "Batch-priority sequences that left ahead of interactive work because the batch class was "
                "passed over longer than batch_promote_ms"),
     MetricSpec("rose_self_check_cosine", "gauge",
-               "Load-time self-check: minimum cosine of the served dtype (label dtype) vs float32 on the built-in probes"),
+               "Load-time self-check: minimum cosine of the served dtype vs float32 on the built-in probes "
+               "(labels: the device and dtype served)"),
     MetricSpec("rose_batch_token_budget", "gauge", "Token budget per engine step (max_batch_tokens, or measured)"),
     MetricSpec("rose_step_tokens", "histogram", "Tokens per engine step", TOKEN_BUCKETS),
     MetricSpec("rose_step_sequences", "histogram", "Sequences per engine step", SEQUENCE_BUCKETS),

@@ -40,7 +40,7 @@ def test_default_dtype_follows_the_cpu_and_metrics_name_it(default_server):
         return [k for k in samples if k.startswith("rose_self_check_cosine{")]
 
     keys = wait_until(served, what="the self-check gauge on /metrics")
-    assert any('model="rose_encoder"' in k and f'dtype="{expected}"' in k for k in keys), keys
+    assert any('model="rose_encoder"' in k and f'dtype="{expected}"' in k and 'device="cpu"' in k for k in keys), keys
     cosine = sample(scrape(default_server)[1], "rose_self_check_cosine", model="rose_encoder", dtype=expected)
     assert MIN_COSINE <= cosine <= 1.0 and (cosine < 1.0) == (expected == "bfloat16")
 

@@ -174,6 +174,6 @@ def test_built_encoder_measures_the_budget_and_its_graph_grid_covers_every_batch
         gauges = encoder.gauges()
         assert gauges["rose_batch_token_budget"] == service.max_batch_tokens
         # float32 (tests/conftest.py: ROSE_CPU_BF16=off): nothing to compare
-        assert gauges[("rose_self_check_cosine", (("dtype", "float32"),))] == engine.self_check_cosine == 1.0
+        assert gauges[("rose_self_check_cosine", (("device", "cpu"), ("dtype", "float32")))] == engine.self_check_cosine == 1.0
     finally:
         encoder.close(5)
