@@ -2,9 +2,9 @@
 
 The served path of `--profile gpu-served` (Endpoint, BatchingService, bf16, CUDA graphs, random-weight
 Qwen3-Embedding-0.6B shape), once with `max_batch_tokens=auto` (`rose`, what ships) and once per fixed
-budget (BUDGETS: 4096, 8192 and 16384 tokens): scenario 3's bulk load alone (batches of 100 texts of 512 tokens from 4 threads, the
-batch class by size), then the same load with one interactive client sending single 128-token texts
-one after another. `--dry-run`: tiny, on CPU."""
+budget (BUDGETS: 4096, 8192 and 16384 tokens): scenario 3's bulk load alone (batches of 100 texts of 512
+tokens from 4 threads, the batch class by size), then the same load with one interactive client sending
+single 128-token texts one after another. `--dry-run`: tiny, on CPU."""
 from __future__ import annotations
 
 import datetime

@@ -373,7 +373,8 @@ class BatchingService:
         if is_out_of_memory(exc):
             error = DeviceOutOfMemory(
                 f"the device ran out of memory on a batch of {sum(s.num_tokens for s in scheduled)} tokens in "
-                f"{len(scheduled)} sequences; retry, or send fewer or shorter texts (a batch holds at most "
+                f"{len(scheduled)} sequence{'' if len(scheduled) == 1 else 's'}; retry, or send fewer or shorter "
+                f"texts (a batch holds at most "
                 f"max_batch_tokens={self.max_batch_tokens} tokens; a longer sequence runs alone)")
         for key in {s.request_key for s in scheduled}:
             request = self._requests.get(key)

@@ -201,7 +201,7 @@ def test_a_step_out_of_device_memory_is_refused_as_overload_naming_the_batch_and
     replies.wait_for(2)
     error = replies.results["big"][1]
     assert isinstance(error, OverloadError)
-    assert "ran out of memory on a batch of 3 tokens in 1 sequences" in str(error)
+    assert "ran out of memory on a batch of 3 tokens in 1 sequence;" in str(error)
     assert f"max_batch_tokens={service.max_batch_tokens}" in str(error)
     np.testing.assert_array_equal(replies.results["good"][0], [expected_row([5, 6])])
     submit(service, replies, "later", [[7]])
