@@ -169,21 +169,27 @@ def guarded_time_cell(call, cell: Cell, vocab: int, device: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:400]}
 
 
+def served_setup(dry_run: bool, profile: str) -> tuple[str, dict, dict, dict]:
+    """(device, model shape, build_endpoint parameters, engine options) of the GPU profiles: the
+    Qwen3-Embedding-0.6B shape in bf16 with graphs on the GPU; a dry run: a tiny Qwen3 in float32 on
+    the CPU, graphs through the capture stand-in."""
+    if not dry_run and not torch.cuda.is_available():
+        raise SystemExit(f"{profile}: no CUDA device (use --dry-run on CPU)")
+    params = {"max_queued_tokens": str(4 << 20)}
+    if not dry_run:
+        return "cuda", QWEN3_EMBEDDING_0_6B, {**params, "device": "cuda", "dtype": "bfloat16"}, {}
+    return ("cpu", TINY_QWEN3, {**params, "device": "cpu", "dtype": "float32", "attention_backend": "masked",
+                                "cuda_graphs": "on"}, {"graph_capture": rerun_capture})
+
+
 def measure(args, out_json, machine: dict) -> dict:
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("gpu-served: no CUDA device (use --dry-run on CPU)")
-    device, sizes = ("cpu", DRY) if args.dry_run else ("cuda", FULL)
-    shape = TINY_QWEN3 if args.dry_run else QWEN3_EMBEDDING_0_6B
+    device, shape, params, extra = served_setup(args.dry_run, "gpu-served")
+    sizes = DRY if args.dry_run else FULL
     started = datetime.datetime.now().isoformat(timespec="seconds")
     scratch = tempfile.TemporaryDirectory()
     folder = scratch.name
     fp32_model = save_random_qwen3(shape, folder, device)
-    params = {"model_dir": folder, "device": device, "dtype": "float32" if args.dry_run else "bfloat16",
-              "max_batch_tokens": "auto", "max_queued_tokens": str(4 << 20)}
-    extra = {}
-    if args.dry_run:  # graphs on CPU through the capture stand-in
-        params.update(attention_backend="masked", cuda_graphs="on")
-        extra = {"graph_capture": rerun_capture}
+    params = {**params, "model_dir": folder, "max_batch_tokens": "auto"}
     load_start = time.perf_counter()
     endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
     load_seconds = time.perf_counter() - load_start

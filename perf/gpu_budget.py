@@ -19,7 +19,7 @@ import torch
 from engine_lib.config import EncoderConfig
 from engine_lib.service.build import build_endpoint
 
-from .gpu import QWEN3_EMBEDDING_0_6B, TINY_QWEN3, embed, model_record, rerun_capture, save_random_qwen3, token_requests
+from .gpu import embed, model_record, save_random_qwen3, served_setup, token_requests
 from .measure import latency_stats, log, threaded_loop
 from .profiles import Cell
 from .report import markdown  # noqa: F401 (the renderer of these profiles: the cells format)
@@ -81,17 +81,10 @@ def measure_budget(endpoint, sizes: dict, vocab: int) -> list[dict]:
 
 
 def measure(args, out_json, machine: dict) -> dict:
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("gpu-budget: no CUDA device (use --dry-run on CPU)")
-    device, sizes = ("cpu", DRY) if args.dry_run else ("cuda", FULL)
-    shape = TINY_QWEN3 if args.dry_run else QWEN3_EMBEDDING_0_6B
+    device, shape, params, extra = served_setup(args.dry_run, "gpu-budget")
+    sizes = DRY if args.dry_run else FULL
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    params = {"device": device, "dtype": "float32" if args.dry_run else "bfloat16", "self_check": "off",
-              "max_queued_tokens": str(4 << 20)}
-    extra = {}
-    if args.dry_run:  # graphs on CPU through the capture stand-in
-        params.update(attention_backend="masked", cuda_graphs="on")
-        extra = {"graph_capture": rerun_capture}
+    params = {**params, "self_check": "off"}
     the_cells = cells(sizes)
     results: list[dict] = [{} for _ in the_cells]
     budgets: dict[str, int] = {}

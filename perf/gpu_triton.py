@@ -107,7 +107,8 @@ def measure(args, out_json, machine: dict) -> dict:
             cosine = min_cosine(call(CHECK_TEXTS), expected)
             device = served_device(server.metrics_url)
             log(f"gpu-triton: served rows vs transformers min cosine {cosine:.6f}; encoder on {device or '?'}")
-            requests = [Request(t, np.zeros(0, np.int64), np.full(len(t), sizes["words"])) for t in texts(32, sizes["words"], 5)]
+            requests = [Request(batch, np.zeros(0, np.int64), np.full(len(batch), sizes["words"]))
+                        for batch in texts(32, sizes["words"], 5)]
             for request in requests[:5]:
                 call(request)
             batch1 = latency_stats(latency_loop(call, requests, sequential.num_requests, 120, "batch1"))
