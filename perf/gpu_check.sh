@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU session (one device call, under 9 minutes; docs/benchmarks.md has the command):
+# One prepared GPU session (one device call, about 8 minutes with every stage; docs/benchmarks.md has the command):
 #  1. GPU tests (pytest -m gpu): graph replay == eager (Qwen3 and all-MiniLM shapes), a failed capture
 #     restores the stream, a runner on cuda:N, a device-side assert ends the process (exit 70),
 #     varlen/FlashInfer == SDPA on strided GQA q/k/v, bf16 within cosine 0.999 of fp32;
@@ -92,7 +92,7 @@ fi
 
 if stage budget; then
   log "token budgets (auto vs fixed; bulk alone and beside a query): profile gpu-budget"
-  timeout -s ABRT -k 10 200 "${PROFILE[@]}" gpu-budget 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
+  timeout -s ABRT -k 10 260 "${PROFILE[@]}" gpu-budget 2>&1 | grep -v "Writing model shards" | tee -a "$OUT_DIR/summary.txt"
   budget_status=${PIPESTATUS[0]}
   log "budget exit status $budget_status"
 fi

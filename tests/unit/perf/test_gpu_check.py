@@ -30,8 +30,9 @@ def test_gpu_check_dry_run_writes_harness_json_to_a_temporary_folder():
         check = served["output_check"]
         assert check["ok"] and min(check["served_min_cosine"]) >= MIN_COSINE and len(check["served_min_cosine"]) == 3
         budget = json.loads((out / "gpu-budget.json").read_text())
-        assert budget["ok"] and budget["dry_run"] and set(budget["budgets"]) == {"rose", "budget-64", "budget-256"}
-        assert [budget["budgets"][f"budget-{b}"] for b in (64, 256)] == [64, 256]
+        assert budget["ok"] and budget["dry_run"] and set(budget["settings"]) == {"rose", "budget-64", "one-in-flight"}
+        assert budget["settings"]["budget-64"].startswith("max_batch_tokens 64,")
+        assert budget["settings"]["one-in-flight"].endswith(", 1 in flight")
         for cell in budget["cells"]:
             assert all(r["n"] > 0 for r in cell["results"].values()), cell["key"]
         stats = served["graph_stats"]
