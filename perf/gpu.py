@@ -186,18 +186,17 @@ def measure(args, out_json, machine: dict) -> dict:
     device, shape, params, extra = served_setup(args.dry_run, "gpu-served")
     sizes = DRY if args.dry_run else FULL
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    scratch = tempfile.TemporaryDirectory()
-    folder = scratch.name
-    fp32_model = save_random_qwen3(shape, folder, device)
-    params = {**params, "model_dir": folder, "max_batch_tokens": "auto"}
-    load_start = time.perf_counter()
-    endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
-    load_seconds = time.perf_counter() - load_start
+    with tempfile.TemporaryDirectory() as folder:  # read while the endpoints load
+        fp32_model = save_random_qwen3(shape, folder, device)
+        params = {**params, "model_dir": folder, "max_batch_tokens": "auto"}
+        load_start = time.perf_counter()
+        endpoint = build_endpoint(EncoderConfig.from_parameters(params), **extra)
+        load_seconds = time.perf_counter() - load_start
+        # The same engine without graphs, same budget, for the sequential cells: what graph replay buys.
+        eager = build_endpoint(EncoderConfig.from_parameters(
+            {**params, "cuda_graphs": "off", "self_check": "off",
+             "max_batch_tokens": str(endpoint.service.max_batch_tokens)}))
     engine = endpoint.service.engine
-    # The same engine without graphs, same budget, for the sequential cells: what graph replay buys.
-    eager = build_endpoint(EncoderConfig.from_parameters(
-        {**params, "cuda_graphs": "off", "self_check": "off",
-         "max_batch_tokens": str(endpoint.service.max_batch_tokens)}))
     reference = PaddedPeer(fp32_model, torch.float32, device)
     peer = PaddedPeer(copy.deepcopy(fp32_model), engine.dtype, device)
     log(f"gpu-served: loaded in {load_seconds:.1f} s: {engine.dtype}, backend {engine.backend.name}, graphs "
@@ -222,7 +221,6 @@ def measure(args, out_json, machine: dict) -> dict:
     finally:
         endpoint.close(30)
         eager.close(30)
-        scratch.cleanup()
     stats = vars(engine.stats)
     graphs_ok = engine.graphs is not None and stats["replays"] > 0 and stats["capture_failures"] == 0
     return {

@@ -11,7 +11,6 @@ this machine's CPU."""
 from __future__ import annotations
 
 import datetime
-import queue
 import re
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from testing.qwen3_embedder import save_qwen3_embedder
 
 from .measure import latency_loop, latency_stats, log, min_cosine, threaded_loop
 from .profiles import Cell
+from .targets import RoseStream
 from .report import markdown  # noqa: F401 (the renderer of these profiles: the cells format)
 from .texts import Request
 
@@ -37,32 +37,14 @@ DRY = dict(words=32, sequential=20, clients=4, seconds=2.0)
 CHECK_TEXTS = ["hello world", "the lazy dog jumps over the quick brown fox", "vectors", "where is the search engine"]
 
 
+def text_request(batch: list[str], words: int) -> Request:
+    """Texts as the harness's request (`words` per text: the embeddings a load cell counts are its texts)."""
+    return Request(batch, np.zeros(0, np.int64), np.full(len(batch), words))
+
+
 def texts(num: int, words: int, seed: int) -> list[list[str]]:
     rng = np.random.default_rng(seed)
     return [[" ".join(rng.choice(WORDS, size=words))] for _ in range(num)]
-
-
-def stream_client(grpc_url: str):
-    """call(texts) -> EMBEDDINGS: one gRPC stream to `ensemble` (tritonclient.grpc only: the GPU machine
-    has no HTTP client library for tritonclient)."""
-    import tritonclient.grpc as grpcclient  # the carried wheel, found once PYTHONPATH is set
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-
-    def call(batch) -> np.ndarray:
-        batch = batch.texts if isinstance(batch, Request) else batch
-        text = grpcclient.InferInput("TEXT", [len(batch)], "BYTES")
-        text.set_data_from_numpy(np.array([t.encode() for t in batch], dtype=np.object_))
-        client.async_stream_infer("ensemble", [text])
-        result, error = answers.get(timeout=300)
-        if error is not None:
-            raise RuntimeError(f"ensemble: {error}")
-        return result.as_numpy("EMBEDDINGS")
-
-    call.close = lambda: (client.stop_stream(), client.close())
-    return call
 
 
 def served_device(metrics_url: str, wait_s: float = 10.0) -> str:
@@ -83,7 +65,7 @@ def per_thread_streams(grpc_url: str):
 
     def call(request):
         if not hasattr(local, "call"):
-            local.call = stream_client(grpc_url)
+            local.call = RoseStream(grpc_url).connect()
             opened.append(local.call)
         return local.call(request)
 
@@ -103,12 +85,11 @@ def measure(args, out_json, machine: dict) -> dict:
         expected = embedder.reference(CHECK_TEXTS)
         server = TritonServer(Path(tmp) / "server.log", env={"ROSE_MODEL_DIR": str(embedder.folder)}, ready_timeout=600)
         try:
-            call = stream_client(server.grpc_url)
-            cosine = min_cosine(call(CHECK_TEXTS), expected)
+            call = RoseStream(server.grpc_url).connect()  # `ensemble`, text in, over gRPC streaming
+            cosine = min_cosine(call(text_request(CHECK_TEXTS, 0)), expected)
             device = served_device(server.metrics_url)
             log(f"gpu-triton: served rows vs transformers min cosine {cosine:.6f}; encoder on {device or '?'}")
-            requests = [Request(batch, np.zeros(0, np.int64), np.full(len(batch), sizes["words"]))
-                        for batch in texts(32, sizes["words"], 5)]
+            requests = [text_request(batch, sizes["words"]) for batch in texts(32, sizes["words"], 5)]
             for request in requests[:5]:
                 call(request)
             batch1 = latency_stats(latency_loop(call, requests, sequential.num_requests, 120, "batch1"))

@@ -137,5 +137,5 @@ MODULES = {**{name: "perf.runner" for name in PROFILES},
            "mix": "perf.mix",              # bulk backfill + interactive stream, priority classes on and off
            "perf_analyzer": "perf.perf_analyzer.sweep",  # Triton's perf_analyzer: concurrency x texts
            "gpu-served": "perf.gpu",       # Endpoint + BatchingService + CUDA graphs in-process on a GPU
-           "gpu-budget": "perf.gpu_budget",  # the same, max_batch_tokens auto vs fixed: bulk alone, bulk + a query
+           "gpu-budget": "perf.gpu_budget",  # the same as shipped vs other budgets, backfill, batches in flight
            "gpu-triton": "perf.gpu_triton"}  # the model repository served by tritonserver on the GPU machine

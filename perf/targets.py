@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 
 from . import PEERS, REPO
 from .machine import versions
@@ -76,9 +75,13 @@ class TritonUnary:
     batch_dim: bool = False
 
     def connect(self):
-        lib = grpcclient if self.protocol == "grpc" else httpclient
-        client = lib.InferenceServerClient(self.url) if lib is grpcclient else \
-            lib.InferenceServerClient(self.url, network_timeout=600)
+        if self.protocol == "grpc":
+            lib = grpcclient
+            client = lib.InferenceServerClient(self.url)
+        else:
+            import tritonclient.http as lib  # here: its gevent client library is not on the GPU machine
+
+            client = lib.InferenceServerClient(self.url, network_timeout=600)
 
         def call(request: Request) -> np.ndarray:
             shape = [len(request.texts), 1] if self.batch_dim else [len(request.texts)]

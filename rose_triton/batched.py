@@ -8,15 +8,16 @@ rows that come back are split among the group's requests in order. Whatever fail
 (its parameters, its texts) is that request's error alone; a failed encoder call is the error of
 every request in its group, except an input error of a group of several: then each member is
 called alone, so each gets its own verdict. A group carries its members' priority class (the one
-each would get alone: engine_lib.options default_priority), so small requests stay interactive. A request whose outputs are not one row per text
-(sparse, multi-vector, INT8_RANGES) or that carries a trace is called alone.
+each would get alone: engine_lib.options default_priority), so small requests stay interactive.
+A request whose outputs are not one row per text (sparse, multi-vector, INT8_RANGES) or that
+carries a trace is called alone.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -65,15 +66,15 @@ class Ask:
     shareable: bool = True
 
 
-def group_requests(keyed: Sequence[tuple[int, str, dict, Sequence[str], int, bool]],
+def group_requests(keyed: Sequence[tuple[int, Hashable, dict, Sequence[str], int, bool]],
                    max_tokens: int = MAX_GROUP_TOKENS) -> list[Group]:
-    """(index, raw parameters, parsed parameters, wanted outputs, tokens, shareable) per request ->
-    groups, in order of their first member. Shareable requests with the same raw parameters and
-    outputs share a group while its tokens stay within `max_tokens`; the rest go alone."""
+    """(index, sharing key, parsed parameters, wanted outputs, tokens, shareable) per request ->
+    groups, in order of their first member. Shareable requests with the same key (e.g. the raw
+    parameters) and outputs share a group while its tokens stay within `max_tokens`; the rest go alone."""
     groups: list[Group] = []
-    open_groups: dict[tuple[str, tuple[str, ...]], Group] = {}
-    for index, raw, parameters, outputs, tokens, shareable in keyed:
-        key = (raw, tuple(outputs))
+    open_groups: dict[tuple[Hashable, tuple[str, ...]], Group] = {}
+    for index, sharing, parameters, outputs, tokens, shareable in keyed:
+        key = (sharing, tuple(outputs))
         group = open_groups.get(key) if shareable else None
         if group is None or group.tokens + tokens > max_tokens:
             group = Group(parameters, tuple(outputs))
@@ -128,9 +129,7 @@ def answer_together(requests: Sequence, read: Callable[[object], Ask], front, pb
     answers = [loop.create_future() for _ in requests]
 
     def fail(indices, exc):
-        for i in indices:
-            if not answers[i].done():
-                answers[i].set_result(pb_utils.InferenceResponse(error=triton_error(pb_utils, exc)))
+        _answer_error(answers, indices, exc, pb_utils)
 
     asked: dict[int, Ask] = {}
     for i, request in enumerate(requests):
@@ -160,7 +159,7 @@ def answer_together(requests: Sequence, read: Callable[[object], Ask], front, pb
         # class explicitly, so small requests stay interactive however many share a call.
         priority = ask.parameters.get(PRIORITY_PARAMETER) or default_priority(len(tokens[SEQ_LENS]),
                                                                                  int(tokens[INPUT_IDS].size))
-        keyed.append((i, f"{ask.raw}\0{priority}", {**ask.parameters, PRIORITY_PARAMETER: priority}, ask.wanted,
+        keyed.append((i, (ask.raw, priority), {**ask.parameters, PRIORITY_PARAMETER: priority}, ask.wanted,
                       int(tokens[INPUT_IDS].size), ask.shareable))
     for group in group_requests(keyed):
         loop.create_task(_call_encoder(group, requests, tokenized, answers, front, pb_utils))
@@ -195,9 +194,14 @@ async def _call_encoder(group: Group, requests, tokenized, answers, front, pb_ut
         for i, own in zip(members, split_rows(rows, [texts_of(tokenized[i]) for i in members])):
             answers[i].set_result(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in own.items()]))
     except Exception as exc:  # every request gets an answer
-        for i in members:
-            if not answers[i].done():
-                answers[i].set_result(pb_utils.InferenceResponse(error=triton_error(pb_utils, exc)))
+        _answer_error(answers, members, exc, pb_utils)
+
+
+def _answer_error(answers, indices, exc, pb_utils) -> None:
+    """`exc` as the response of each of `indices` not answered yet."""
+    for i in indices:
+        if not answers[i].done():
+            answers[i].set_result(pb_utils.InferenceResponse(error=triton_error(pb_utils, exc)))
 
 
 def read_parameters(request) -> tuple[str, dict]:

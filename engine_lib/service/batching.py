@@ -131,7 +131,7 @@ class BatchingService:
         self._batcher = PriorityBatcher(max_batch_tokens, max_batch_sequences, batch_promote_s,
                                         max_batch_class_tokens=max_batch_class_tokens,
                                         max_backfill_tokens=max_backfill_tokens)
-        self.max_backfill_tokens = self._batcher.max_backfill_tokens  # as resolved (None: the class budget)
+        self.max_backfill_tokens = self._batcher.max_backfill_tokens  # as resolved (default: the class budget)
         self.max_inflight_batches = max_inflight_batches
         self._requests: dict[int, _PooledRequest] = {}
         self._ids = itertools.count()
