@@ -64,6 +64,9 @@ LABELS = {
     "rose": "ours (ROSE on Triton)",
     "rose-batched": "ours, `embed_batched` (gRPC infer, one text a batch row, Triton's dynamic batcher)",
     "gateway": "ours through the OpenAI-compatible gateway (HTTP /v1/embeddings, float JSON)",
+    "rose-floor": "the floor of ours: `ensemble`'s shape doing no work (perf/floor_model.py: a tokenizer model answering "
+                  "one id a text, chained to a decoupled model answering zeros from a thread), gRPC streaming; "
+                  "its rows are counted, not checked",
     "rose-inproc": "ours in-process, no server (tokenizer, one ModelRunner.step a request)",
     "st": "sentence-transformers encode, in-process",
     "ort": "ONNX Runtime (optimum O2 export), in-process",
@@ -128,7 +131,8 @@ PROFILES = {
                "the ids as JSON lists, rose sends them straight to rose_encoder.",
                "The gateway's own added latency per request is p50(gateway, tokens) - p50(rose, tokens).",
                "vLLM and Infinity join with --targets rose,gateway,vllm-2cores,infinity (their own OpenAI "
-               "endpoints).", SHARED_CORES)),
+               "endpoints); rose-floor (what two Python-backend models cost when they do no work) with "
+               "--targets rose,rose-floor,...", SHARED_CORES)),
 }
 
 # profile -> the module with its `measure(args, out_json, machine) -> results` and `markdown(results)`

@@ -11,6 +11,7 @@ from .machine import machine_line
 
 OURS = "rose"
 OURS_IN_PROCESS, IN_PROCESS_PEERS = "rose-inproc", ("st", "ort")  # compared with each other too
+FLOORS = ("rose-floor",)  # what ours costs doing no work: in the reports, not in the README's table
 README_PROFILES = ("gateway", "gateway-nearfree", "cpu", "seed", "gpu-served")  # overhead: docs/benchmarks.md
 README_BEGIN, README_END = "<!-- perf-table:begin (python -m perf readme-table --write) -->", "<!-- perf-table:end -->"
 
@@ -86,13 +87,15 @@ def markdown(results: dict) -> str:
     check = results.get("check") or (  # in-process profiles say how they checked
         "Every timed cell was preceded by warm-up requests whose every row was checked against "
         f"sentence-transformers (cosine >= {MIN_COSINE}); a cell that failed the check has no timing.")
+    if floors := [f for f in FLOORS if f in results["targets"]]:
+        check += f" `{'`, `'.join(floors)}` answers zeros: only its row counts were checked."
     lines += ["", check + " `ours vs peer` > 1 means ours is better (peer ms / our ms, or our emb/s / peer emb/s).",
               ""]
     return "\n".join(lines + scenario_tables(results)) + "\n"
 
 
 def _cells_table(results: dict) -> list[str]:
-    names = _targets(results)
+    names = [n for n in _targets(results) if n not in FLOORS]
     lines = ["| cell | metric | " + " | ".join(names) + " |", "|---" * (2 + len(names)) + "|"]
     for cell in results["cells"]:
         ours, metric = cell["results"].get(OURS, {}), cell["metric"]

@@ -23,7 +23,7 @@ from rose_triton.server import TritonServer
 from . import targets as lineup
 from .machine import gemm_flops, wait_until_quiet
 from .measure import latency_stats, log, min_cosine
-from .overhead import TINY_SHAPE
+from .overhead import TINY_SHAPE, write_floor_repository
 from .peers.servers import start_openai_peer
 from .peers.setup import ensure_onnx_export
 from .profiles import LABELS, PROFILES, Cell, Profile, select
@@ -67,9 +67,16 @@ def skip_reason(cell: Cell, target, max_positions: int, text_max: int) -> str | 
 
 
 def check_target(cell: Cell, target, requests, reference_rows, warmup: int) -> dict:
-    """Warm-up, every response checked: {"min_cosine": ...}, or {"error": ...} (then no timing)."""
+    """Warm-up, every response checked: {"min_cosine": ...}, or {"error": ...} (then no timing). A floor
+    (`checks_rows` False) answers zeros: its responses need a row per text, and have no cosine."""
     try:
-        cosine = min(min_cosine(g, w) for g, w in zip(target.embed(cell, requests[:warmup]), reference_rows))
+        got = target.embed(cell, requests[:warmup])
+        if not getattr(target, "checks_rows", True):
+            counts = [(len(g), len(w)) for g, w in zip(got, reference_rows)]
+            if any(g != w for g, w in counts):
+                return {"error": f"warm-up check failed: rows per response {counts}, texts sent differ"}
+            return {"min_cosine": None}
+        cosine = min(min_cosine(g, w) for g, w in zip(got, reference_rows))
     except Exception as exc:  # any failure of a target is its cell's result, not the run's end
         return {"error": f"warm-up failed: {type(exc).__name__}: {exc}"}
     if cosine < MIN_COSINE:
@@ -186,9 +193,13 @@ def server_env(args) -> dict:
 def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
     """Targets by name; ours served by a tritonserver started here unless --grpc-url/--gateway-url."""
     grpc_url, gateway_url = args.grpc_url, args.gateway_url
-    if not grpc_url and {"rose", "rose-batched", "triton-padded"} & set(names) or not gateway_url and "gateway" in names:
+    if not grpc_url and {"rose", "rose-batched", "rose-floor", "triton-padded"} & set(names) or \
+            not gateway_url and "gateway" in names:
         extra = ["--model-repository", str(lineup.BASELINES)] if "triton-padded" in names else []
         log_dir = Path(tempfile.mkdtemp(prefix="perf-triton-"))
+        if "rose-floor" in names:
+            floor = write_floor_repository(log_dir / "floor", int(model["config"]["hidden_size"]))
+            extra += ["--model-repository", str(floor)]
         log(f"starting tritonserver (log {log_dir / 'server.log'})")
         env = {**({"ROSE_MODEL_DIR": model["dir"]} if args.model_dir else {}), **server_env(args)}
         server = TritonServer(log_dir / "server.log", env=env, extra_args=extra, ready_timeout=600,
@@ -202,6 +213,8 @@ def start_targets(names: list[str], args, model: dict, stack: list) -> dict:
                 targets[name] = lineup.rose_target(grpc_url)
             elif name == "rose-batched":
                 targets[name] = lineup.rose_batched_target(grpc_url)
+            elif name == "rose-floor":
+                targets[name] = lineup.rose_floor_target(grpc_url)
             elif name == "gateway":
                 targets[name] = lineup.gateway_target(gateway_url)
             elif name == "triton-padded":

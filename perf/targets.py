@@ -185,6 +185,7 @@ def process_loop(spec, requests: list[Request], concurrency: int, duration: floa
 class ServedTarget:
     """A server reached through client specs; load cells use one client process per concurrent client."""
     in_process = False
+    checks_rows = True  # warm-up rows checked against the reference (a floor's zeros are only counted)
 
     def __init__(self, name: str, text_spec, token_spec=None, versions: dict | None = None):
         self.name, self.text_spec, self.token_spec = name, text_spec, token_spec
@@ -271,6 +272,14 @@ def peer_python(name: str) -> str:
 def rose_target(grpc_url: str) -> ServedTarget:
     return ServedTarget("rose", RoseStream(grpc_url), RoseStream(grpc_url, pre_tokenized=True),
                         versions(["nvidia-pytriton", "tritonclient", "torch"]))
+
+
+def rose_floor_target(grpc_url: str) -> ServedTarget:
+    """`floor_ensemble` (perf/overhead.py's floor repository, served beside ours): the ensemble's shape, no work."""
+    target = ServedTarget("rose-floor", RoseStream(grpc_url, model="floor_ensemble"), None,
+                          versions(["nvidia-pytriton", "tritonclient"]))
+    target.checks_rows = False
+    return target
 
 
 def rose_batched_target(grpc_url: str) -> ServedTarget:

@@ -236,3 +236,58 @@ def test_model_dir_is_made_absolute_only_for_an_existing_folder(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     assert model_dir_arg("folder") == str(tmp_path / "folder")  # --compare servers start elsewhere
     assert model_dir_arg("default") == "default"  # a model name, not a path
+
+
+class _Rows:
+    """A target answering `rows_per_text` zero rows for each text it gets."""
+    checks_rows = False
+
+    def __init__(self, rows_per_text):
+        self.rows_per_text = rows_per_text
+
+    def embed(self, cell, requests):
+        return [np.zeros((self.rows_per_text * len(r.texts), 4), dtype=np.float32) for r in requests]
+
+
+def test_a_floor_target_is_served_from_the_floor_repository_and_only_its_row_counts_are_checked(monkeypatch):
+    import argparse
+    from pathlib import Path
+
+    from perf import runner
+
+    started = {}
+
+    class Server:  # records how the run would start tritonserver
+        grpc_url, gateway_url = "127.0.0.1:1", None
+
+        def __init__(self, log_path, env, extra_args, ready_timeout, gateway):
+            started["extra_args"] = extra_args
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(runner, "TritonServer", Server)
+    args = argparse.Namespace(grpc_url=None, gateway_url=None, model_dir=None, server_env=None)
+    targets = runner.start_targets(["rose-floor"], args, {"dir": "m", "config": {"hidden_size": 64}}, [])
+    flag, repository = started["extra_args"][-2:]
+    assert flag == "--model-repository" and (Path(repository) / "floor_ensemble" / "config.pbtxt").is_file()
+    floor = targets["rose-floor"]
+    assert floor.text_spec.model == "floor_ensemble" and not floor.checks_rows
+
+    cell = Cell("1", "seq", "sequential", "text", 32, 2, num_requests=2, max_seconds=1)
+    requests = [SimpleNamespace(texts=["a", "b"])] * 2
+    reference = [np.ones((2, 4), dtype=np.float32)] * 2
+    assert runner.check_target(cell, _Rows(1), requests, reference, 2) == {"min_cosine": None}
+    assert "rows per response" in runner.check_target(cell, _Rows(2), requests, reference, 2)["error"]
+
+
+def test_a_floor_is_in_the_report_and_not_in_the_readme_table(tmp_path):
+    results = _results()
+    results["targets"]["rose-floor"] = {}
+    for cell in results["cells"]:
+        cell["results"]["rose-floor"] = {**cell["results"]["st"], "min_cosine": None}
+    assert "`rose-floor` answers zeros" in report.markdown(results)
+    folder = tmp_path / "perf" / "results" / "cpu-2c"
+    folder.mkdir(parents=True)
+    (folder / "cpu.json").write_text(json.dumps({**results, "profile": "cpu"}))
+    assert "| cell | metric | rose | st | bad |" in report.readme_table(tmp_path / "perf" / "results", tmp_path)
