@@ -185,10 +185,10 @@ def process_loop(spec, requests: list[Request], concurrency: int, duration: floa
 class ServedTarget:
     """A server reached through client specs; load cells use one client process per concurrent client."""
     in_process = False
-    checks_rows = True  # warm-up rows checked against the reference (a floor's zeros are only counted)
 
-    def __init__(self, name: str, text_spec, token_spec=None, versions: dict | None = None):
+    def __init__(self, name: str, text_spec, token_spec=None, versions: dict | None = None, checks_rows: bool = True):
         self.name, self.text_spec, self.token_spec = name, text_spec, token_spec
+        self.checks_rows = checks_rows  # warm-up rows checked against the reference (a floor's zeros: only counted)
         self.versions = versions or {}
         self._calls: dict = {}
 
@@ -276,10 +276,8 @@ def rose_target(grpc_url: str) -> ServedTarget:
 
 def rose_floor_target(grpc_url: str) -> ServedTarget:
     """`floor_ensemble` (perf/overhead.py's floor repository, served beside ours): the ensemble's shape, no work."""
-    target = ServedTarget("rose-floor", RoseStream(grpc_url, model="floor_ensemble"), None,
-                          versions(["nvidia-pytriton", "tritonclient"]))
-    target.checks_rows = False
-    return target
+    return ServedTarget("rose-floor", RoseStream(grpc_url, model="floor_ensemble"), None,
+                        versions(["nvidia-pytriton", "tritonclient"]), checks_rows=False)
 
 
 def rose_batched_target(grpc_url: str) -> ServedTarget:
