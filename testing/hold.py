@@ -122,6 +122,14 @@ def wait_for_metric(metrics_url: str, prefix: str, at_least: float, timeout: flo
     return wait_until(reached, timeout, lambda: f"{prefix} to reach {at_least} {why}", 0.05)[0]
 
 
+def wait_for_metric_zero(metrics_url: str, prefix: str, timeout: float = 60, why: str = "") -> None:
+    """Poll until the samples starting with `prefix` sum to 0. The encoder publishes its gauges every
+    0.5 s, so a page may still show work that has gone: a test that sees a gauge at 0 before it sends
+    work knows that a rise after it is that work's, not a value left from an earlier test's."""
+    wait_until(lambda: metric_value(metrics_url, prefix) == 0, timeout,
+               lambda: f"{prefix} to read 0 {why}", 0.05)
+
+
 @contextmanager
 def held_in_process(folder: Path):
     """This process's fault points gated by the gate files in `folder` (unit tests: the hook

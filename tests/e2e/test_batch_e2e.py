@@ -38,9 +38,17 @@ def batch_class(server, metric: str) -> float:
                if line.startswith(metric + "{") and 'priority="batch"' in line)
 
 
-def wait_for_a_queued_line(server):
+def submit_with_a_line_queued(server, client, lines):
+    """Under the encoder's hold: submit `lines`, then wait until a line of the job waits in the encoder.
+    The gauge is seen at 0 first (nothing of the batch class is queued before the submit): it is
+    published every 0.5 s, and a value left from an earlier job would let the test hold the runner
+    before it starts any line, with nothing in flight."""
+    wait_until(lambda: batch_class(server, "rose_queue_sequences") == 0, 60,
+               "the encoder's batch class to read empty before the job")
+    batch = submit(client, lines)
     wait_until(lambda: batch_class(server, "rose_queue_sequences") >= 1, 60,
                "a line of the job to wait in the encoder at the batch class")
+    return batch
 
 
 def cosine(a, b):
@@ -245,8 +253,7 @@ def test_cancel_mid_job_leaves_a_partial_output(gateway, server):
     client = gateway.client()
     lines = [embedding_line(f"x{i}", texts_for(i)) for i in range(30)]
     with server.hold:
-        batch = submit(client, lines)
-        wait_for_a_queued_line(server)
+        batch = submit_with_a_line_queued(server, client, lines)
         gateway.hold.__enter__()
         assert client.batches.cancel(batch.id).status == "cancelling"
     gateway.hold.wait_entered()
@@ -263,8 +270,7 @@ def hold_a_job_mid_run(server, client, lines, holds):
     """Submit `lines`; once some are in flight, hold the runners at their gates (`holds`) and let
     the lines in flight finish. -> (batch, the hold its runner waits at, lines written)."""
     with server.hold:  # lines reach the encoder and wait there
-        batch = submit(client, lines)
-        wait_for_a_queued_line(server)
+        batch = submit_with_a_line_queued(server, client, lines)
         for hold in holds:
             hold.__enter__()  # no line starts after those in flight
     holding = wait_until(lambda: [hold for hold in holds if hold.entered.exists()], 60,

@@ -12,7 +12,7 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
 from testing.embed_clients import embed_stream
-from testing.hold import wait_for_metric
+from testing.hold import wait_for_metric, wait_for_metric_zero
 from testing.metrics import sample, scrape
 from testing.texts import LONG_TEXTS
 from testing.waiting import wait_until
@@ -49,6 +49,7 @@ def test_cancelled_encoder_stream_drops_its_queued_sequences(server, model_dir):
     inputs[1].set_data_from_numpy(seq_lens)
     _, before = scrape(server)
     with server.hold:  # queued until the cancellation is seen: none of it is computed
+        wait_for_metric_zero(server.metrics_url, "rose_queue_tokens", why="(before the request)")
         client = grpcclient.InferenceServerClient(server.grpc_url)
         send_on_stream(client, "rose_encoder", inputs)
         wait_for_metric(server.metrics_url, "rose_queue_tokens", len(input_ids), why="(the request never queued)")
