@@ -29,7 +29,7 @@ from rose_triton.server import REPO, TritonServer
 from rose_wire import UNAVAILABLE, decode
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
 from testing.gateway_process import GatewayProcess
-from testing.hold import EncoderHold, TokenizerHold, wait_for_metric
+from testing.hold import EncoderHold, TokenizerHold, wait_for_metric, wait_for_metric_zero
 from testing.reliability_helpers import children, encode_ids, metric_value, watchdog_lines_naming
 from testing.texts import LONG_TEXTS, MEDIUM_TEXTS
 
@@ -109,6 +109,7 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
         outcomes.put((rows, error, limited.hold.path.exists()))
 
     with limited.hold:
+        wait_for_metric_zero(limited.metrics_url, "rose_queue_tokens", why="(before the requests)")
         for _ in range(16):
             threading.Thread(target=one, daemon=True).start()
         answered = []  # each request is refused (answered now) or queued (its tokens counted)
@@ -301,6 +302,7 @@ def test_killed_encoder_stub_fails_in_flight_requests_and_the_server_recovers(li
              (embed_unary_http, limited.http_url), (embed_generate, limited.http_url), (embed_stream, limited.grpc_url)]
     queued_tokens = 0
     with limited.hold:  # nothing can finish before the kill
+        wait_for_metric_zero(limited.metrics_url, "rose_queue_tokens", why="(before the requests)")
         for number, path in enumerate(paths):  # one at a time: the small tokenizer and embed queues take each
             threading.Thread(target=call, args=(*path, number), daemon=True).start()
             queued_tokens += len(tokenizer.encode(texts_of(number), RequestOptions()).input_ids)
