@@ -101,7 +101,7 @@ def test_parquet_folder_to_parquet_folder_survives_a_replica_killed_mid_run(serv
                    "the run to pass its first batch and reach the gate")
         assert run.is_alive(), failure
         with replica_b.hold:  # B keeps the chunks it gets of the next batch
-            wait_for_metric_zero(replica_b.metrics_url, "rose_queue_sequences{", why="on B before the next batch")
+            wait_for_metric_zero(replica_b.metrics_url, "rose_queue_sequences{", why="(on B, before the next batch)")
             gate_file.unlink()
             wait_until(lambda: _queued(replica_b) >= 1, 120, "a chunk of the run to wait in replica B")
             replica_b.kill()  # SIGKILL: its chunks are lost there and retried on A
