@@ -16,6 +16,7 @@ from rose_triton.server import TritonServer
 from testing import REPO
 from testing.embed_clients import embed_stream
 from testing.hold import EncoderHold, wait_for_metric_zero
+from testing.reliability_helpers import metric_value
 from testing.waiting import wait_until
 
 ray = pytest.importorskip("ray", reason="Ray (requirements-test.lock) is not installed")
@@ -103,7 +104,8 @@ def test_parquet_folder_to_parquet_folder_survives_a_replica_killed_mid_run(serv
         with replica_b.hold:  # B keeps the chunks it gets of the next batch
             wait_for_metric_zero(replica_b.metrics_url, "rose_queue_sequences{", why="(on B, before the next batch)")
             gate_file.unlink()
-            wait_until(lambda: _queued(replica_b) >= 1, 120, "a chunk of the run to wait in replica B")
+            wait_until(lambda: metric_value(replica_b.metrics_url, "rose_queue_sequences{") >= 1, 120,
+                       "a chunk of the run to wait in replica B")
             replica_b.kill()  # SIGKILL: its chunks are lost there and retried on A
     finally:
         gate_file.unlink(missing_ok=True)
@@ -115,13 +117,6 @@ def test_parquet_folder_to_parquet_folder_survives_a_replica_killed_mid_run(serv
     expected = embed_stream(server.grpc_url, texts())
     cosine = (rows * expected).sum(1) / np.linalg.norm(rows, axis=1) / np.linalg.norm(expected, axis=1)
     assert rows.shape == expected.shape and cosine.min() >= 0.9999
-
-
-def _queued(replica) -> float:
-    import urllib.request
-
-    page = urllib.request.urlopen(replica.metrics_url, timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith("rose_queue_sequences{"))
 
 
 def _capture(failure: list, work) -> None:
