@@ -77,11 +77,14 @@ def describe() -> dict:
 
 
 def slug(machine: dict) -> str:
-    """The machine kind's results folder name, e.g. amd-epyc-2c (one current file per profile in it)."""
-    name = machine["gpu"].split(",")[0] if machine.get("gpu") else machine["cpu"]
+    """The machine kind's results folder name, e.g. amd-epyc-2c (one current file per profile in it); CPU
+    hosts of one name come with and without AVX-512, which reads differently: amd-epyc-avx512-2c."""
+    gpu = machine.get("gpu")
+    name = gpu.split(",")[0] if gpu else machine["cpu"]
     name = re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name, flags=re.I)
     name = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32]
-    return f"{name}-{machine['cores']}c"
+    tag = "-avx512" if not gpu and "avx512f" in machine.get("cpu_isa", ()) else ""
+    return f"{name}{tag}-{machine['cores']}c"
 
 
 def machine_line(m: dict) -> str:

@@ -123,7 +123,8 @@ def readme_table(results_dir: Path, repo: Path) -> str:
     for profile in (p for p in README_PROFILES if p in newest):
         _, path, results = newest[profile]
         m, link = results["machine"], path.with_suffix(".md").relative_to(repo)
-        gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
+        isa = ", AVX-512" if "avx512f" in m.get("cpu_isa", ()) else ", AVX2" if "avx2" in m.get("cpu_isa", ()) else ""
+        gpu = f", {m['gpu']}" if m.get("gpu") else f"{isa}, no GPU"  # hosts of one name differ by ISA
         lines += [f"**`{profile}`** on {m['cpu']} ({m['cores']} cores{gpu}), {m['date']}, "
                   f"{results['model'].get('name', 'near-free model')}: [{link.name}]({link})", ""]
         lines += _cells_table(results)

@@ -219,6 +219,16 @@ def test_machine_description_without_git_takes_the_commit_from_the_environment(m
     assert machine.describe()["git_commit"] == "abc1234"
 
 
+def test_results_folder_tells_hosts_of_one_name_apart_by_avx512():
+    from perf import machine
+
+    epyc = {"cpu": "AMD EPYC", "cores": 2, "gpu": None}
+    assert machine.slug({**epyc, "cpu_isa": ["avx2"]}) == "amd-epyc-2c"
+    assert machine.slug({**epyc, "cpu_isa": ["avx2", "avx512f", "avx512_bf16"]}) == "amd-epyc-avx512-2c"
+    assert machine.slug({"cpu": "Intel(R) Xeon(R) Processor", "cores": 16, "cpu_isa": ["avx512f"],
+                         "gpu": "NVIDIA H200, 143771 MiB"}) == "nvidia-h200-16c"
+
+
 def test_server_env_takes_key_value_pairs_and_refuses_others():
     import argparse
 
