@@ -178,11 +178,14 @@ def test_readme_table_shows_each_profile_once_from_the_machine_that_ran_it_last(
     for machine, date in (("old-2c", "2026-11-30"), ("new-2c", "2026-12-03")):
         (results / machine).mkdir(parents=True)
         body = _results()
-        (results / machine / "cpu.json").write_text(json.dumps({**body, "profile": "cpu",
-                                                                "machine": {**body["machine"], "date": date}}))
+        isa = ["avx2", "avx512f"] if machine == "new-2c" else ["avx2"]
+        (results / machine / "cpu.json").write_text(json.dumps({**body, "profile": "cpu", "machine": {
+            **body["machine"], "date": date, "cpu_isa": isa}}))
     (results / "old-2c" / "gateway.json").write_text(json.dumps({**_results(), "profile": "gateway"}))
     table = report.readme_table(results, tmp_path)
     assert "perf/results/new-2c/cpu.md" in table and "perf/results/old-2c/cpu.md" not in table
+    assert "**`cpu`** on CPU (2 cores, AVX-512, no GPU)" in table  # hosts of one name differ by ISA
+    assert "**`gateway`** on CPU (2 cores, AVX2, no GPU)" in table
     assert "perf/results/old-2c/gateway.md" in table  # a profile only one machine ran stays
     assert table.index("**`gateway`**") < table.index("**`cpu`**")  # the profiles' order, not the machines'
 
