@@ -1,6 +1,7 @@
 """What the numbers were measured on: CPU/GPU, cores, memory, packages; and its GEMM FLOP/s."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import os
@@ -44,20 +45,15 @@ def _mem_gib() -> float | None:
 def versions(names=PACKAGES) -> dict:
     out = {}
     for name in names:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return out
 
 
 def describe() -> dict:
     flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        flags = next((ln for ln in f if ln.startswith("flags")), "")
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
     # GIT_COMMIT first: a device machine may have no git, or a copy of the tree newer than its git metadata.
     commit = os.environ.get("GIT_COMMIT", "")
@@ -76,15 +72,17 @@ def describe() -> dict:
     }
 
 
+def vector_isa(machine: dict) -> str:  # "AVX-512", "AVX2" or "": CPU hosts of one name differ by it
+    return next((n for f, n in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if f in machine.get("cpu_isa", ())), "")
+
+
 def slug(machine: dict) -> str:
-    """The machine kind's results folder name, e.g. amd-epyc-2c (one current file per profile in it); CPU
-    hosts of one name come with and without AVX-512, which reads differently: amd-epyc-avx512-2c."""
-    gpu = machine.get("gpu")
-    name = gpu.split(",")[0] if gpu else machine["cpu"]
+    """The machine kind's results folder name, e.g. amd-epyc-2c or amd-epyc-avx512-2c (one file per profile)."""
+    name = machine["gpu"].split(",")[0] if machine.get("gpu") else machine["cpu"]
     name = re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name, flags=re.I)
     name = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32]
-    tag = "-avx512" if not gpu and "avx512f" in machine.get("cpu_isa", ()) else ""
-    return f"{name}{tag}-{machine['cores']}c"
+    cpu_kind = "-avx512" if not machine.get("gpu") and vector_isa(machine) == "AVX-512" else ""
+    return f"{name}{cpu_kind}-{machine['cores']}c"
 
 
 def machine_line(m: dict) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engine_lib.runner.self_check import MIN_COSINE
 
-from .machine import machine_line
+from .machine import machine_line, vector_isa
 
 OURS = "rose"
 OURS_IN_PROCESS, IN_PROCESS_PEERS = "rose-inproc", ("st", "ort")  # compared with each other too
@@ -123,8 +123,7 @@ def readme_table(results_dir: Path, repo: Path) -> str:
     for profile in (p for p in README_PROFILES if p in newest):
         _, path, results = newest[profile]
         m, link = results["machine"], path.with_suffix(".md").relative_to(repo)
-        isa = ", AVX-512" if "avx512f" in m.get("cpu_isa", ()) else ", AVX2" if "avx2" in m.get("cpu_isa", ()) else ""
-        gpu = f", {m['gpu']}" if m.get("gpu") else f"{isa}, no GPU"  # hosts of one name differ by ISA
+        gpu = f", {m['gpu']}" if m.get("gpu") else "".join(f", {part}" for part in (vector_isa(m), "no GPU") if part)
         lines += [f"**`{profile}`** on {m['cpu']} ({m['cores']} cores{gpu}), {m['date']}, "
                   f"{results['model'].get('name', 'near-free model')}: [{link.name}]({link})", ""]
         lines += _cells_table(results)
