@@ -3,7 +3,7 @@
 Triton hands a Python model with `max_batch_size: 0` one request per `execute`
 (docs/benchmarks.md, "Where the ensemble's time goes"). So `execute` only queues each request
 here and returns; one thread takes every request waiting and runs them through the step's
-`many` (a text step tokenizes all their texts in one `encode_batch_fast`), then answers each.
+`many` (a text step tokenizes all their texts together, `encode_fast`), then answers each.
 Requests that arrive while it works go together in the next group: under load the encoder
 receives them in bursts and its steps grow, instead of one launch for every two or three.
 

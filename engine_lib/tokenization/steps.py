@@ -54,7 +54,7 @@ class TextStep:
 
     def many(self, requests) -> list:
         """Several requests' (tensors, parameters) -> per request its tensors or its InputError; the
-        texts of those without chunking go through one `encode_batch_fast`."""
+        texts of those without chunking are tokenized together (`encode_fast`)."""
         faults.wait(faults.TOKENIZE)  # test-only hold (engine_lib/faults.py); off: returns at once
         results: list = [None] * len(requests)
         plain = []

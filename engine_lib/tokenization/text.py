@@ -12,6 +12,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
+from engine_lib.tokenization.fast_encode import encode_fast
 from engine_lib.tokenization.long_text import cut_long_text
 from engine_lib.tokenization.text_input import decode_texts
 from rose_wire import TEXT
@@ -113,14 +114,14 @@ class TextTokenizer:
 
     def encode_many(self, requests: Sequence[tuple[Sequence[str], RequestOptions]]
                     ) -> list[RaggedTokens | InputError]:
-        """Several requests' texts through one `encode_batch_fast` (the ids without character offsets,
+        """Several requests' texts tokenized together (`encode_fast`: the ids without character offsets,
         which nothing here reads): per request what `encode` returns, or the InputError it raises
         (that request's alone; its TEXT[i] counts its own texts)."""
         templated = [cut_long_text(self._full, self.template(t, options.input_type), self.max_length,
                                    options.truncation_direction == "left")
                      for texts, options in requests for t in texts]
         extra = self.append_eos_id is not None
-        encodings = [e.ids for e in self._full.encode_batch_fast(templated)] if templated else []
+        encodings = [e.ids for e in encode_fast(self._full, templated)]
         starts = np.cumsum([0] + [len(texts) for texts, _ in requests]).tolist()
         results: list = [None] * len(requests)
         cut: dict[str, list[int]] = {}  # truncation direction -> texts to cut that way
@@ -133,7 +134,7 @@ class TextTokenizer:
             elif too_long:
                 cut.setdefault(options.truncation_direction, []).extend(too_long)
         for direction, indices in cut.items():
-            for i, enc in zip(indices, self._truncating[direction].encode_batch_fast([templated[i] for i in indices])):
+            for i, enc in zip(indices, encode_fast(self._truncating[direction], [templated[i] for i in indices])):
                 encodings[i] = enc.ids
         if extra:
             encodings = [ids + [self.append_eos_id] for ids in encodings]

@@ -63,7 +63,7 @@ class GatewayTokenizer:
         return result
 
     def encode_many(self, requests: list[tuple[list[str], RequestOptions]]) -> list[RaggedTokens | ApiError]:
-        """Several requests through one `encode_batch_fast` (chunking=mean ones each on their own: their
+        """Several requests tokenized together (chunking=mean ones each on their own: their
         windows); a refused one gets its error (400; 413 past max_windows_per_text), the others their ids."""
         results: list = [None] * len(requests)
         plain = [r for r, (_, options) in enumerate(requests) if options.chunking != "mean"]
@@ -117,10 +117,11 @@ class _Waiting:
 
 class TokenizeQueue:
     """`await encode(texts, options)`: the texts of requests that wait to be tokenized go
-    through one `encode_batch` in a worker thread (tokenizers releases the GIL and spreads a
-    batch over its own threads), so the event loop keeps serving meanwhile. A free lane takes
-    what waits at once (no timer); requests that arrive while every lane is busy wait and
-    go together in the next batch, up to `max_batch_chars` of text (a larger request goes alone)."""
+    together in a worker thread (tokenizers releases the GIL; a large batch also spreads over
+    its own threads, engine_lib/tokenization/fast_encode.py), so the event loop keeps serving
+    meanwhile. A free lane takes what waits at once (no timer); requests that arrive while every
+    lane is busy wait and go together in the next batch, up to `max_batch_chars` of text (a
+    larger request goes alone)."""
 
     def __init__(self, tokenizer: GatewayTokenizer, lanes: int = 2, max_batch_chars: int = 256 << 10):
         self.tokenizer = tokenizer
@@ -130,7 +131,7 @@ class TokenizeQueue:
         self.waiting: collections.deque[_Waiting] = collections.deque()
         self.running = 0  # lanes at work; a lane leaves in the same step it finds nothing waiting
         self._lanes: set[asyncio.Task] = set()  # referenced until done
-        self.batches = 0  # encode_batch calls made (for tests and the perf script)
+        self.batches = 0  # batches tokenized (for tests and the perf script)
 
     async def encode(self, texts: list[str], options: RequestOptions) -> RaggedTokens:
         """-> the ids; raises the request's ApiError (400) as `encode_texts` does."""
