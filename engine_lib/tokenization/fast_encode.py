@@ -2,8 +2,9 @@
 
 tokenizers hands a batch of two or more inputs to its rayon pool, whose workers spin and yield
 before they sleep: below POOL_MIN_CHARS characters that costs more CPU than it saves (1.2-1.5x
-the CPU a 128-token text in batches of 2-8, 1.6-2.6x a 16-token query; docs/benchmarks.md,
-"The tokenizer's thread pool"). One input a call stays on the calling thread, with the same ids.
+one-a-call's CPU for 128-token texts in batches of 2-8, 2.1-2.8x for 16-token queries in batches
+of 2-3; docs/benchmarks.md, "The tokenizer's thread pool"). One input a call stays on the calling
+thread, with the same ids.
 """
 from __future__ import annotations
 
