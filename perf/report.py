@@ -123,7 +123,8 @@ def readme_table(results_dir: Path, repo: Path) -> str:
     for profile in (p for p in README_PROFILES if p in newest):
         _, path, results = newest[profile]
         m, link = results["machine"], path.with_suffix(".md").relative_to(repo)
-        gpu = f", {m['gpu']}" if m.get("gpu") else "".join(f", {part}" for part in (vector_isa(m), "no GPU") if part)
+        isa = vector_isa(m)
+        gpu = f", {m['gpu']}" if m.get("gpu") else f"{', ' + isa if isa else ''}, no GPU"
         lines += [f"**`{profile}`** on {m['cpu']} ({m['cores']} cores{gpu}), {m['date']}, "
                   f"{results['model'].get('name', 'near-free model')}: [{link.name}]({link})", ""]
         lines += _cells_table(results)
