@@ -42,6 +42,7 @@ import numpy as np
 from engine_lib import faults
 from engine_lib.contract import Engine, PackedBatch, RaggedTokens
 from engine_lib.errors import DeviceOutOfMemory, OverloadError, RequestCancelled
+from engine_lib.runner.compute_thread import ComputeThread
 from engine_lib.service.fatal import exit_process, is_sticky_device_error
 from engine_lib.service.metrics import EncoderMetrics
 from engine_lib.service.scheduler import INTERACTIVE, PRIORITIES, PriorityBatcher, ScheduledSequence
@@ -115,7 +116,7 @@ class BatchingService:
                  max_queued_requests: int = 2048, metrics: Optional[EncoderMetrics] = None,
                  cancel_check_interval: float = 0.05, on_fatal: Callable[[str], None] = exit_process,
                  batch_promote_s: float = 1.0, max_batch_class_tokens: Optional[int] = None,
-                 max_backfill_tokens: Optional[int] = None):
+                 max_backfill_tokens: Optional[int] = None, scheduler_thread: Optional[ComputeThread] = None):
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
         self.failure: Optional[str] = None  # set once, when the service has failed for good
@@ -142,12 +143,13 @@ class BatchingService:
         # Batches given to the completion thread and not yet answered (under _lock): while
         # any are, results are answered there, so one thread at a time delivers rows.
         self._handed_off = 0
-        self._scheduler = threading.Thread(target=self._guarded, args=(self._schedule_loop,),
-                                           name="rose-scheduler", daemon=True)
         self._completer = threading.Thread(target=self._guarded, args=(self._complete_loop,),
                                            name="rose-completion", daemon=True)
-        self._scheduler.start()
         self._completer.start()
+        # The steps run on the scheduler's thread: the one that loaded the engine when given
+        # (runner/compute_thread.py says why), else a thread of the service's own.
+        self._scheduler = scheduler_thread or ComputeThread("rose-scheduler")
+        self._scheduler.hand_over(lambda: self._guarded(self._schedule_loop))
 
     def submit(self, tokens: RaggedTokens, on_done: DoneCallback,
                is_cancelled: Optional[Callable[[], bool]] = None, received_at: Optional[float] = None,

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 from engine_lib.config import AUTO, EncoderConfig
 from engine_lib.contract import RaggedTokens
 from engine_lib.model_folder import folder_fingerprint
+from engine_lib.runner.compute_thread import ComputeThread
 from engine_lib.runner.step_threads import StepThreads, flops_per_token
 from engine_lib.service.batching import BatchingService
 from engine_lib.service.calibration import Calibration, cache_key, default_cache_dir
@@ -33,7 +34,28 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
                    **engine_options) -> Endpoint:
     """`engine_options` go to ModelRunner as they are (tests and the GPU check inject a graph capture).
     `calibration_sequences(model_dir)`: the int8 calibration's token ids (embedding task only; None: no
-    int8/uint8 outputs)."""
+    int8/uint8 outputs). The engine is loaded and timed on the thread that then runs its steps
+    (runner/compute_thread.py)."""
+    compute = ComputeThread("rose-scheduler")
+    try:
+        engine, budgets = compute.call(_load_engine, config, engine_options)
+        calibration = None
+        if calibration_sequences is not None and config.task == "embed":
+            calibration = calibration_for(engine, config.cache_dir, calibration_sequences)
+        max_batch_tokens, batch_class_tokens, backfill_tokens = budgets
+        service = BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
+                                  config.max_inflight_batches, config.max_queued_tokens,
+                                  config.max_queued_requests, batch_promote_s=config.batch_promote_ms / 1000,
+                                  max_batch_class_tokens=batch_class_tokens, max_backfill_tokens=backfill_tokens,
+                                  scheduler_thread=compute)
+    except BaseException:
+        compute.close()
+        raise
+    return Endpoint(service, calibration=calibration)
+
+
+def _load_engine(config: EncoderConfig, engine_options: dict):
+    """(engine, (max_batch_tokens, batch-class tokens, backfill tokens)): the model loaded, its budgets timed."""
     import torch
 
     from engine_lib.runner.batch_budget import LADDER_MAX, auto_batch_tokens, step_bounded_tokens, timing_alone
@@ -42,11 +64,11 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     engine = ModelRunner(config.model_dir, device=config.device, dtype=config.dtype,
-                    attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
-                    max_graphs=config.max_graphs, task=config.task, self_check=config.self_check,
-                    cpu_linear=config.cpu_linear, cpu_compile=config.cpu_compile,
-                    compile_cache_dir=config.cache_dir or default_cache_dir(),
-                    **engine_options)
+                         attention_backend=config.attention_backend, cuda_graphs=config.cuda_graphs,
+                         max_graphs=config.max_graphs, task=config.task, self_check=config.self_check,
+                         cpu_linear=config.cpu_linear, cpu_compile=config.cpu_compile,
+                         compile_cache_dir=config.cache_dir or default_cache_dir(),
+                         **engine_options)
     # The graph grid covers every batch the scheduler can form: up to the token budget (the
     # largest auto may pick), or one sequence of the model's maximum length, which leaves alone.
     budget_bound = config.max_batch_tokens if config.max_batch_tokens != AUTO else LADDER_MAX
@@ -71,12 +93,4 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     backfill_tokens = backfill_budget(config.max_backfill_tokens, batch_class_tokens, on_cpu)
     if on_cpu and not config.num_threads:  # auto: threads by each step's work
         engine = StepThreads(engine, torch.get_num_threads(), flops_per_token(engine.model), torch.set_num_threads)
-    calibration = None
-    if calibration_sequences is not None and config.task == "embed":
-        calibration = calibration_for(engine, config.cache_dir, calibration_sequences)
-    return Endpoint(BatchingService(engine, max_batch_tokens, config.max_batch_sequences,
-                                    config.max_inflight_batches, config.max_queued_tokens,
-                                    config.max_queued_requests, batch_promote_s=config.batch_promote_ms / 1000,
-                                    max_batch_class_tokens=batch_class_tokens,
-                                    max_backfill_tokens=backfill_tokens),
-                    calibration=calibration)
+    return engine, (max_batch_tokens, batch_class_tokens, backfill_tokens)
