@@ -7,13 +7,31 @@ of a step's parallel regions then waits for its workers to be woken. all-MiniLM-
 128-token sequence on 2 cores: 14-21 ms a step when loaded on one thread and stepped on another,
 11-12.6 ms on one thread (docs/benchmarks.md, "One thread for torch"). So build_endpoint loads
 the engine on the thread that then runs the scheduler's loop.
+
+With one pool, libgomp's default spin before an idle worker sleeps (300,000 pauses: milliseconds)
+kept the worker spinning through the gaps between a loaded server's small steps, on cores the
+other stubs need; `bound_openmp_spinning` shortens it to what covers the gaps inside a step.
 """
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 from concurrent.futures import Future
 from typing import Callable, Optional
+
+OPENMP_SPIN_COUNT = "10000"  # libgomp's GOMP_SPINCOUNT for an encoder process (docs/benchmarks.md)
+
+
+def bound_openmp_spinning(environ=os.environ, torch_loaded: bool | None = None) -> bool:
+    """Set GOMP_SPINCOUNT=OPENMP_SPIN_COUNT unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set already
+    (the operator's choice wins) or torch is loaded (libgomp read its environment then). True if set."""
+    loaded = "torch" in sys.modules if torch_loaded is None else torch_loaded
+    if loaded or "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return False
+    environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+    return True
 
 
 class ComputeThread:

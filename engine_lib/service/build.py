@@ -8,7 +8,7 @@ from typing import Callable, Optional
 from engine_lib.config import AUTO, EncoderConfig
 from engine_lib.contract import RaggedTokens
 from engine_lib.model_folder import folder_fingerprint
-from engine_lib.runner.compute_thread import ComputeThread
+from engine_lib.runner.compute_thread import ComputeThread, bound_openmp_spinning
 from engine_lib.runner.step_threads import StepThreads, flops_per_token
 from engine_lib.service.batching import BatchingService
 from engine_lib.service.calibration import Calibration, cache_key, default_cache_dir
@@ -35,7 +35,8 @@ def build_endpoint(config: EncoderConfig, calibration_sequences: Optional[Callab
     """`engine_options` go to ModelRunner as they are (tests and the GPU check inject a graph capture).
     `calibration_sequences(model_dir)`: the int8 calibration's token ids (embedding task only; None: no
     int8/uint8 outputs). The engine is loaded and timed on the thread that then runs its steps
-    (runner/compute_thread.py)."""
+    (runner/compute_thread.py), whose OpenMP workers spin briefly when torch loads first here."""
+    bound_openmp_spinning()
     compute = ComputeThread("rose-scheduler")
     try:
         engine, budgets = compute.call(_load_engine, config, engine_options)

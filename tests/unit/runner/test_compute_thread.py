@@ -10,7 +10,7 @@ import pytest
 from engine_lib.config import EncoderConfig
 from engine_lib.contract import RaggedTokens
 from engine_lib.options import RequestOptions
-from engine_lib.runner.compute_thread import ComputeThread
+from engine_lib.runner.compute_thread import OPENMP_SPIN_COUNT, ComputeThread, bound_openmp_spinning
 from engine_lib.runner.model_runner import ModelRunner
 from testing.tiny_models import qwen3_config, save_random_model
 
@@ -85,3 +85,15 @@ def test_a_failed_build_leaves_no_thread_behind(tmp_path):
     for thread in [t for t in threading.enumerate() if t.name == "rose-scheduler" and t not in before]:
         thread.join(10)
         assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("environ, torch_loaded, expected", [
+    ({}, False, {"GOMP_SPINCOUNT": OPENMP_SPIN_COUNT}),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, False, {"OMP_WAIT_POLICY": "PASSIVE"}),  # the operator's policy wins
+    ({"GOMP_SPINCOUNT": "0"}, False, {"GOMP_SPINCOUNT": "0"}),
+    ({}, True, {}),  # libgomp has read its environment already: nothing to change
+])
+def test_openmp_spinning_is_bounded_only_where_nobody_chose(environ, torch_loaded, expected):
+    sets = environ == {} and not torch_loaded
+    assert bound_openmp_spinning(environ, torch_loaded) == sets
+    assert environ == expected
