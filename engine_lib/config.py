@@ -65,7 +65,6 @@ class TokenizerConfig:
     max_request_bytes: int = 4 << 20
     max_length: int = 0   # tokens per text at most; 0 = from the model folder
     max_windows_per_text: int = 32  # chunking=mean: windows of one text at most (more: refused as too large)
-    max_waiting_requests: int = 128  # requests waiting to be tokenized at most (more: refused, overloaded)
 
     def __post_init__(self):
         _check_tokenizer_limits(self)
@@ -84,8 +83,6 @@ def _check_tokenizer_limits(config) -> None:
         raise ValueError("max_texts_per_request must be >= 1")
     if config.max_text_bytes < 1 or config.max_request_bytes < 1:
         raise ValueError("max_text_bytes and max_request_bytes must be >= 1")
-    if config.max_waiting_requests < 1:
-        raise ValueError("max_waiting_requests must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -97,7 +94,6 @@ class PairTokenizerConfig:
     max_request_bytes: int = 4 << 20
     max_length: int = 0   # tokens per (query, document) pair at most; 0 = from the model folder
     instruction: str = ""  # the default instruction of models that take one ("" = the family's)
-    max_waiting_requests: int = 128  # requests waiting to be tokenized at most (more: refused, overloaded)
 
     def __post_init__(self):
         _check_tokenizer_limits(self)

@@ -10,6 +10,7 @@ from tritonclient.utils import InferenceServerException
 from engine_lib.runner.self_check import MIN_COSINE
 from rose_wire import EMBED, ROSE_ENCODER
 from testing.embed_clients import embed_generate, embed_stream, embed_unary_grpc, embed_unary_http
+from testing.hold import wait_for_metric
 from testing.texts import VARIED_TEXTS
 from testing.waiting import wait_until
 
@@ -113,17 +114,27 @@ def test_unary_front_equals_the_ensemble_stream_with_options(server, params):
 
 
 def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, reference):
-    """While the tokenizer is held on one request, others wait in its lane and are then tokenized
-    as one group (engine_lib/tokenization/lane.py): each gets its own rows, with its own options,
-    and a bad one its own error."""
+    """While the tokenizer is held on one request, others wait in its dynamic batcher's queue and
+    are then handed to one `execute` and tokenized as one group (engine_lib/tokenization/grouped.py):
+    each gets its own rows, with its own options, and a bad one its own error."""
+    stats = grpcclient.InferenceServerClient(server.grpc_url)
+    headers = {"triton-grpc-protocol-rose-admin-key": server.admin_key}
+
+    def counts():
+        (row,) = stats.get_inference_statistics("tokenizer", headers=headers, as_json=True)["model_stats"]
+        return int(row.get("execution_count", 0)), int(row.get("inference_count", 0))
+
     texts = [VARIED_TEXTS[1 + 3 * i: 4 + 3 * i] for i in range(6)]
     params = [{"dimensions": 64} if i == 2 else None for i in range(6)]
+    before = counts()
     with ThreadPoolExecutor(8) as pool:
         with server.tokenizer_hold:
             first = pool.submit(embed_stream, server.grpc_url, [VARIED_TEXTS[0]])
             server.tokenizer_hold.wait_entered()
             waiting = [pool.submit(embed_stream, server.grpc_url, t, p) for t, p in zip(texts, params)]
             too_long = pool.submit(embed_stream, server.grpc_url, ["word " * 2000], {"truncate": False})
+            wait_for_metric(server.metrics_url, 'nv_inference_pending_request_count{model="tokenizer"', 7,
+                            why="(the 7 requests never queued behind the held one)")
         assert cosines(first.result(), reference[VARIED_TEXTS[0]][None]).min() >= MIN_COSINE
         for request_texts, request_params, future in zip(texts, params, waiting):
             rows = future.result()
@@ -135,6 +146,10 @@ def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, 
             assert cosines(rows, refs).min() >= MIN_COSINE, request_texts[0][:30]
         with pytest.raises(InferenceServerException, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum"):
             too_long.result()
+    executions, requests = (after - was for after, was in zip(counts(), before))
+    # alone: one execute a request; together: the held one, then the 7 behind it in one (a watchdog
+    # probe in between adds one of each)
+    assert requests >= 8 and executions <= requests - 6, (executions, requests)
 
 
 def test_embed_requests_waiting_together_share_encoder_calls_and_each_gets_its_own(server, reference):

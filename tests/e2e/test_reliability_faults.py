@@ -39,7 +39,7 @@ ADMIN_KEY = "test-admin-key-0123456789"
 LIMITS = {  # (model, parameter or queue size) -> value
     ("rose_encoder", "max_queued_tokens"): ("1048576", "6000"),
     ("rose_encoder", "max_queued_requests"): ("2048", "6"),
-    ("tokenizer", "max_waiting_requests"): ("128", "2"),
+    ("tokenizer", "max_queue_size"): ("128", "2"),  # its dynamic batcher's queue
     ("embed", "count"): ("2", "1"),  # one instance: its in-flight bound is the front's
     ("embed", "max_requests_in_flight"): ("128", "2"),
     # Tokenizer settings the unary front must take from the tokenizer's config.pbtxt too.
@@ -49,7 +49,7 @@ LIMITS = {  # (model, parameter or queue size) -> value
 
 
 def config_line(key, value):
-    return f"{key}: {value}" if key == "count" else f'"{key}", value: {{ string_value: "{value}" }}'
+    return f"{key}: {value}" if key in ("count", "max_queue_size") else f'"{key}", value: {{ string_value: "{value}" }}'
 
 
 def small_limits_repository(dest):
@@ -134,7 +134,7 @@ def test_encoder_refuses_past_its_queue_at_once_and_accepted_ones_are_right(limi
                     why="(rose_refused_total never counted the refusals)")
 
 
-TOKENIZER_HOLDS = 1 + 2  # the tokenizer lane's request in hand + its 2 waiting (LIMITS)
+TOKENIZER_HOLDS = 1 + 2  # the tokenizer's request in hand (execute is held) + its queue's 2 (LIMITS)
 EMBED_HOLDS = 2  # the embed front's one instance: the request it tokenizes + 1 more in flight (LIMITS)
 
 
@@ -167,7 +167,7 @@ def held_flood(hold, way, url, texts, count, can_hold, first):
 def test_tokenizer_queue_is_bounded(limited):
     refused, released = held_flood(limited.tokenizer_hold, embed_stream, limited.grpc_url, ["held"], 8,
                                    TOKENIZER_HOLDS, first=1)
-    assert all(e is not None and "overloaded: tokenizer queue is full" in str(e) for e in refused), refused
+    assert all(e is not None and "Exceeds maximum queue size" in str(e) for e in refused), refused
     assert all(decode(e.message()).code == UNAVAILABLE for e in refused), refused  # a stream's error has no status
     assert released == [None] * TOKENIZER_HOLDS  # the watchdog is paused: no probe takes a place
 
@@ -188,7 +188,7 @@ def test_generate_reports_overload_as_400_with_a_readable_reason(limited):
                                    TOKENIZER_HOLDS, first=1)
     for error in refused:
         assert error is not None and error.code == 400, error  # Triton 2.51's generate answers every error with 400
-        assert "overloaded: tokenizer queue is full" in error.read().decode()
+        assert "Exceeds maximum queue size" in error.read().decode()
     assert released == [None] * TOKENIZER_HOLDS, [e if e is None else e.read().decode() for e in released]
 
 
