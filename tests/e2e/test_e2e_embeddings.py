@@ -152,6 +152,23 @@ def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, 
     assert requests >= 8 and executions <= requests - 6, (executions, requests)
 
 
+@pytest.mark.parametrize("shape", [[1, 3], [3, 1]])
+def test_a_direct_call_to_the_tokenizer_keeps_every_text(server, model_dir, shape):
+    """The tokenizer model takes a batch dimension (its dynamic batcher): the ensemble's one row of N
+    texts and a caller's N rows of one text each give the ids the model's own tokenizer gives."""
+    from engine_lib.config import TokenizerConfig
+    from engine_lib.options import RequestOptions
+    from engine_lib.tokenization.text import TextTokenizer
+
+    texts = VARIED_TEXTS[:3]
+    text = grpcclient.InferInput("TEXT", shape, "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object).reshape(shape))
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("tokenizer", [text])
+    expected = TextTokenizer(model_dir, TokenizerConfig()).encode(texts, RequestOptions())
+    assert list(result.as_numpy("SEQ_LENS")) == list(expected.seq_lens)
+    assert list(result.as_numpy("INPUT_IDS")) == list(expected.input_ids)
+
+
 def test_embed_requests_waiting_together_share_encoder_calls_and_each_gets_its_own(server, reference):
     """While the tokenizer is held, requests queue in the unary front's instances; released, each
     instance takes its waiting ones as one group (rose_triton/batched.py answer_together): those with

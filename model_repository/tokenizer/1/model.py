@@ -33,8 +33,12 @@ class TritonPythonModel:
 
 
 def _unbatched(tensor):
-    """A request's input without the batch dimension Triton gives it (each request is one batch row)."""
-    return None if tensor is None else tensor.as_numpy()[0]
+    """A request's input with the batch dimension Triton gives it merged into the next: the ensemble
+    sends one row ([1, N] -> [N]); a direct caller's [B, 1] keeps all of its B texts."""
+    if tensor is None:
+        return None
+    array = tensor.as_numpy()
+    return array.reshape((-1,) + array.shape[2:])
 
 
 def _response(result):
