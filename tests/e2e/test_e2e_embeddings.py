@@ -113,20 +113,21 @@ def test_unary_front_equals_the_ensemble_stream_with_options(server, params):
         np.testing.assert_allclose(WAYS[way](server, texts, params), streamed, atol=1e-6, err_msg=way)
 
 
+def model_counts(server, model):
+    """(execute calls, requests) Triton's statistics count for `model` so far."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    headers = {"triton-grpc-protocol-rose-admin-key": server.admin_key}
+    (row,) = client.get_inference_statistics(model, headers=headers, as_json=True)["model_stats"]
+    return int(row.get("execution_count", 0)), int(row.get("inference_count", 0))
+
+
 def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, reference):
     """While the tokenizer is held on one request, others wait in its dynamic batcher's queue and
     are then handed to one `execute` and tokenized as one group (engine_lib/tokenization/grouped.py):
     each gets its own rows, with its own options, and a bad one its own error."""
-    stats = grpcclient.InferenceServerClient(server.grpc_url)
-    headers = {"triton-grpc-protocol-rose-admin-key": server.admin_key}
-
-    def counts():
-        (row,) = stats.get_inference_statistics("tokenizer", headers=headers, as_json=True)["model_stats"]
-        return int(row.get("execution_count", 0)), int(row.get("inference_count", 0))
-
     texts = [VARIED_TEXTS[1 + 3 * i: 4 + 3 * i] for i in range(6)]
     params = [{"dimensions": 64} if i == 2 else None for i in range(6)]
-    before = counts()
+    before = model_counts(server, "tokenizer")
     with ThreadPoolExecutor(8) as pool:
         with server.tokenizer_hold:
             first = pool.submit(embed_stream, server.grpc_url, [VARIED_TEXTS[0]])
@@ -146,7 +147,7 @@ def test_requests_waiting_for_the_tokenizer_are_each_answered_their_own(server, 
             assert cosines(rows, refs).min() >= MIN_COSINE, request_texts[0][:30]
         with pytest.raises(InferenceServerException, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum"):
             too_long.result()
-    executions, requests = (after - was for after, was in zip(counts(), before))
+    executions, requests = (after - was for after, was in zip(model_counts(server, "tokenizer"), before))
     # alone: one execute a request; together: the held one, then the 7 behind it in one (a watchdog
     # probe in between adds one of each)
     assert requests >= 8 and executions <= requests - 6, (executions, requests)
@@ -174,12 +175,8 @@ def test_embed_requests_waiting_together_share_encoder_calls_and_each_gets_its_o
     instance takes its waiting ones as one group (rose_triton/batched.py answer_together): those with
     the same options share one encoder call, and each request gets its own rows, a request with other
     options its own, a bad one its own error."""
-    stats = grpcclient.InferenceServerClient(server.grpc_url)
-    headers = {"triton-grpc-protocol-rose-admin-key": server.admin_key}
-
     def executions(model):
-        (row,) = stats.get_inference_statistics(model, headers=headers, as_json=True)["model_stats"]
-        return int(row.get("execution_count", 0))
+        return model_counts(server, model)[0]
 
     plain = [VARIED_TEXTS[2 * i: 2 * i + 2] for i in range(10)]
     asks = [(t, None) for t in plain] + [(VARIED_TEXTS[30:33], {"dimensions": 64}),
