@@ -290,11 +290,15 @@ def test_an_answer_that_fails_is_answered_with_its_error_and_the_others_are_not(
         loop = AnswerLoop("front", 4, answer_many, lambda limit: "refused",
                           lambda sender, response: sent.put((sender.name, response)),
                           lambda exc: f"error {exc!r}")
+        held = threading.Event()  # the loop's thread waits until both are submitted: one group of two
+        loop.loop.call_soon_threadsafe(held.wait)
         try:
             loop.submit(HeldRequest("bad"))
             loop.submit(HeldRequest("good"))
+            held.set()
             assert {sent.get(timeout=30), sent.get(timeout=30)} == wanted
         finally:
+            held.set()
             loop.close()
 
 
