@@ -13,6 +13,8 @@ from rose_client.scheduling import RetryPolicy
 from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=3, base_cooldown_s=0.01, max_cooldown_s=0.05, max_unavailable_s=0.5)
+# For tests that count attempts: no unavailability window a stalled machine could run out
+PATIENT = RetryPolicy(max_attempts=3, base_cooldown_s=0.01, max_cooldown_s=0.05, max_unavailable_s=60)
 
 
 class FakeReplica:
@@ -133,7 +135,7 @@ def test_overload_everywhere_fails_with_the_overload_as_last_error():
             s.is_ready = lambda: asyncio.sleep(0, True)  # up, but refusing work
             return s
 
-        dispatcher = AsyncDispatcher(list(by_url), slot, 2, FAST)
+        dispatcher = AsyncDispatcher(list(by_url), slot, 2, PATIENT)
         await dispatcher.start()
         try:
             with pytest.raises(JobFailed) as info:

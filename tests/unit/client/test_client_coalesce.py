@@ -198,7 +198,7 @@ def test_a_refused_shared_call_fails_only_the_bad_job():
 def test_a_failed_shared_call_retries_every_chunk():
     async def scenario():
         replica = GatedReplica()
-        dispatcher = await started([replica], retry=RetryPolicy(2, 0.01, 0.02, 1.0))
+        dispatcher = await started([replica], retry=RetryPolicy(2, 0.01, 0.02, 60))
         try:
             first = submit(dispatcher, 1)
             await replica.arrived.get()

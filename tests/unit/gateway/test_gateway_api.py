@@ -20,6 +20,8 @@ from rose_client.scheduling import RetryPolicy
 from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
+# For tests that count attempts: no unavailability window a stalled machine could run out
+PATIENT = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=60)
 MODEL = "all-MiniLM-L6-v2"
 
 
@@ -59,14 +61,14 @@ class FakeReplica:
 
 
 
-def run(scenario, replica=None, ready=True, reranker=False, **config):
+def run(scenario, replica=None, ready=True, reranker=False, retry=FAST, **config):
     """Run `scenario(client)` against the app, the backend's replicas replaced by `replica`."""
     replica = replica or FakeReplica()
 
     async def main():
         app = create_app(GatewayConfig(triton=("fake:1",), **config))
         backend = app.state.gateway.backend
-        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 2, FAST)
+        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 2, retry)
         await backend.dispatcher.start()
         backend.ready, backend.rerank_ready = {"fake:1": ready}, {"fake:1": reranker}
         try:
@@ -285,7 +287,8 @@ def test_api_keys_are_required_when_configured():
 
 def test_encoder_overload_is_429_with_retry_after():
     response, replica = post("/v1/embeddings", {"model": MODEL, "input": "x"},
-                             replica=FakeReplica(encode(WireError(UNAVAILABLE, "the queue holds 2048 requests"))))
+                             replica=FakeReplica(encode(WireError(UNAVAILABLE, "the queue holds 2048 requests"))),
+                             retry=PATIENT)
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert "overloaded" in response.json()["error"]["message"] and len(replica.calls) == 2  # retried once
 

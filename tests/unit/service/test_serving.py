@@ -219,6 +219,8 @@ def test_rows_not_matching_the_batch_fail_its_requests_with_an_error(handed_off)
     replies = Replies()
     submit(service, replies, "short", [[999, 1], [2]])  # fills one batch of two sequences
     submit(service, replies, "good", [[5, 6]])
+    if handed_off:  # the scheduler found the batch not ready and handed it over
+        wait_until(lambda: service._handed_off >= 1)
     engine.gate.set()
     replies.wait_for(2)
     rows, error = replies.results["short"]
@@ -318,7 +320,7 @@ def test_ready_results_are_answered_without_a_hand_off_and_pending_ones_by_the_c
     wait_until(lambda: "ready" in threads)
     engine.gate.clear()
     service.submit(RaggedTokens.from_rows([[3]]), on_done("pending"))
-    wait_until(lambda: len(engine.batches) == 2)
+    wait_until(lambda: service._handed_off == 1)  # not ready at launch: handed over, not answered inline
     engine.gate.set()
     wait_until(lambda: "pending" in threads)
     service.close()
