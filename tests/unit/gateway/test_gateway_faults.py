@@ -102,7 +102,11 @@ def test_a_request_past_its_deadline_is_504_and_its_chunks_are_dropped():
     assert late.json()["error"] == {"message": "the request did not finish within 0.5 s", "type": "timeout",
                                     "param": None, "code": "request_timeout"}
     assert pending == 0 and good.status_code == 200
-    assert replica.calls == 2 + 1  # the two chunks in flight at the deadline; the third was never sent
+    # Before its deadline the held request had at most the dispatcher's two slots (one, were the
+    # machine stalled past the deadline before the second was sent); its third chunk, queued at
+    # the deadline, was dropped, not sent once the gate opened ahead of the good request's call.
+    held_calls = replica.calls - 1
+    assert 1 <= held_calls <= 2
 
 
 class FakeChannel:
