@@ -1,6 +1,7 @@
 """The dispatcher (rose_client/aio.py) with in-process replicas: several jobs share
 one queue and one in-flight bound per replica (the real servers: tests/e2e/test_client_e2e.py)."""
 import asyncio
+import dataclasses
 import re
 
 import numpy as np
@@ -14,7 +15,7 @@ from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=3, base_cooldown_s=0.01, max_cooldown_s=0.05, max_unavailable_s=0.5)
 # For tests that count attempts: no unavailability window a stalled machine could run out
-PATIENT = RetryPolicy(max_attempts=3, base_cooldown_s=0.01, max_cooldown_s=0.05, max_unavailable_s=60)
+PATIENT = dataclasses.replace(FAST, max_unavailable_s=60)
 
 
 class FakeReplica:

@@ -3,6 +3,7 @@ replicas (real Triton and real clients: test_gateway_e2e.py). The fakes answer
 from what they receive, so these tests check what the gateway sends too."""
 import asyncio
 import base64
+import dataclasses
 
 import httpx
 import numpy as np
@@ -21,7 +22,7 @@ from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
 
 FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 # For tests that count attempts: no unavailability window a stalled machine could run out
-PATIENT = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=60)
+PATIENT = dataclasses.replace(FAST, max_unavailable_s=60)
 MODEL = "all-MiniLM-L6-v2"
 
 
