@@ -23,7 +23,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import default_priority
 from engine_lib.service.batching import BatchingService, DoneCallback
-from engine_lib.service.outputs import finish_rows, normalize_rows, output_for, pool_windows  # noqa: F401 (finish_rows, normalize_rows: re-exported)
+from engine_lib.service.outputs import output_for, pool_windows
 from rose_wire import INPUT_IDS, SEQ_LENS, TEXT_WINDOWS, TOKEN_TYPE_IDS
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ApiError, bad_request, too_large
+from ..errors import bad_request, too_large
 
 FORM_OVERHEAD = 64 << 10  # the form's own bytes past the file (boundaries, headers, small fields)
 MAX_FIELD_BYTES = 4096    # a form field other than the file

@@ -14,7 +14,6 @@ import hmac
 import logging
 import math
 import os
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path

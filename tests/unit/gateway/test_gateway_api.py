@@ -5,7 +5,6 @@ import asyncio
 import base64
 import dataclasses
 
-import httpx
 import numpy as np
 import pytest
 
@@ -13,14 +12,10 @@ from engine_lib.config import TokenizerConfig
 from engine_lib.errors import InputError
 from engine_lib.options import INTERACTIVE_MAX_TEXTS, RequestOptions, RerankOptions
 from engine_lib.tokenization.text import TextTokenizer
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
-from rose_client.scheduling import RetryPolicy
 from rose_wire import INVALID_ARG, UNAVAILABLE, WireError, encode
+from testing.gateway_app import FAST, gateway_client
 
-FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 # For tests that count attempts: no unavailability window a stalled machine could run out
 PATIENT = dataclasses.replace(FAST, max_unavailable_s=60)
 MODEL = "all-MiniLM-L6-v2"
@@ -67,16 +62,8 @@ def run(scenario, replica=None, ready=True, reranker=False, retry=FAST, **config
     replica = replica or FakeReplica()
 
     async def main():
-        app = create_app(GatewayConfig(triton=("fake:1",), **config))
-        backend = app.state.gateway.backend
-        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 2, retry)
-        await backend.dispatcher.start()
-        backend.ready, backend.rerank_ready = {"fake:1": ready}, {"fake:1": reranker}
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-                return await scenario(client)
-        finally:
-            await backend.dispatcher.close()
+        async with gateway_client(replica.slot, retry=retry, ready=ready, reranker=reranker, **config) as (client, _):
+            return await scenario(client)
 
     return asyncio.run(main()), replica
 

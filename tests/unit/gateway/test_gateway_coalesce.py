@@ -2,15 +2,12 @@
 over HTTP, against a fake replica that holds its calls until the test opens them."""
 import asyncio
 
-import httpx
 import numpy as np
 
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
 from rose_client.scheduling import RetryPolicy
 from rose_wire import INVALID_ARG, WireError, encode
+from testing.gateway_app import gateway_client
 
 ONE_TRY = RetryPolicy(max_attempts=1, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=1.0)
 MODEL = "all-MiniLM-L6-v2"
@@ -55,16 +52,8 @@ def run(scenario):
     replica = HeldReplica()
 
     async def main():
-        app = create_app(GatewayConfig(triton=("fake:1",)))
-        backend = app.state.gateway.backend
-        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 1, ONE_TRY)
-        await backend.dispatcher.start()
-        backend.ready, backend.rerank_ready = {"fake:1": True}, {"fake:1": True}
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-                return await asyncio.wait_for(scenario(client, replica, backend.dispatcher), 60)
-        finally:
-            await backend.dispatcher.close()
+        async with gateway_client(replica.slot, workers=1, retry=ONE_TRY, reranker=True) as (client, app):
+            return await asyncio.wait_for(scenario(client, replica, app.state.gateway.backend.dispatcher), 60)
 
     return asyncio.run(main()), replica
 

@@ -4,7 +4,6 @@ from what they receive (real Triton and the real `cohere` SDK: tests/e2e/test_ga
 import asyncio
 import base64
 
-import httpx
 import numpy as np
 import pytest
 
@@ -13,14 +12,10 @@ from engine_lib.options import RequestOptions
 from engine_lib.service.outputs import finish_rows, pool_windows
 from engine_lib.service.quantize import pack_signs, quantize_scalar
 from engine_lib.tokenization.text import TextTokenizer
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
-from rose_client.scheduling import RetryPolicy
 from rose_wire import INT8_RANGES, INVALID_ARG, OUTPUT_OF_TYPE, WireError, encode
+from testing.gateway_app import gateway_client
 
-FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 MODEL = "all-MiniLM-L6-v2"
 WIDTH = 8
 TYPE_OF = {name: kind for kind, name in OUTPUT_OF_TYPE.items()}
@@ -78,17 +73,9 @@ def run(scenario, encoder=None, **config):
     encoder = encoder or FakeEncoder()
 
     async def main():
-        app = create_app(GatewayConfig(triton=("fake:1",), **config))
-        backend = app.state.gateway.backend
-        backend.dispatcher = AsyncDispatcher(["fake:1"], encoder.slot, 2, FAST)
-        await backend.dispatcher.start()
-        backend.ready, backend.rerank_ready = {"fake:1": True}, {"fake:1": False}
-        app.state.gateway.tokenizer.output_dim = WIDTH  # the fake's width
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-                return await scenario(client)
-        finally:
-            await backend.dispatcher.close()
+        async with gateway_client(encoder.slot, **config) as (client, app):
+            app.state.gateway.tokenizer.output_dim = WIDTH  # the fake's width
+            return await scenario(client)
 
     return asyncio.run(main()), encoder
 

@@ -3,21 +3,18 @@ gateway is answered (500) and leaves the dispatcher whole; the end-to-end deadli
 the health and DNS loops outlive their own exceptions; a replica DNS drops drains."""
 import asyncio
 
-import httpx
 import numpy as np
 import pytest
 
-from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engine.backend import Backend
 from gateway.metrics import GatewayMetrics
 from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import Call
 from rose_client.chunking import plan_chunks
-from rose_client.scheduling import RetryPolicy
 from rose_wire import EMBEDDINGS, INPUT_IDS, ROSE_ENCODER, SEQ_LENS
+from testing.gateway_app import FAST, gateway_client
 
-FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 MODEL = "all-MiniLM-L6-v2"
 HANG_GUARD_S = 30  # past this the thing awaited will never happen: the test fails instead of hanging
 
@@ -54,16 +51,8 @@ class Replica:
 
 
 async def serve(replica, scenario, **config):
-    app = create_app(GatewayConfig(triton=("fake:1",), **config))
-    backend = app.state.gateway.backend
-    backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 2, FAST)
-    await backend.dispatcher.start()
-    backend.ready, backend.rerank_ready = {"fake:1": True}, {"fake:1": False}
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-            return await asyncio.wait_for(scenario(client, app.state.gateway), HANG_GUARD_S)
-    finally:
-        await backend.dispatcher.close()
+    async with gateway_client(replica.slot, **config) as (client, app):
+        return await asyncio.wait_for(scenario(client, app.state.gateway), HANG_GUARD_S)
 
 
 def embed(client, text="x"):

@@ -1,7 +1,6 @@
 """The keys file's checks (gateway/http/keys.py) and the counts' arithmetic (gateway/http/limits.py):
 each refusal names what is wrong; the shared counters across two connections to one file."""
 import hashlib
-import json
 import os
 import subprocess
 import sys

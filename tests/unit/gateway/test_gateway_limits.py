@@ -7,7 +7,6 @@ Over a real socket, with hostile clients: tests/e2e/test_gateway_hostile.py."""
 import asyncio
 import logging
 
-import httpx
 import numpy as np
 import orjson
 import pytest
@@ -18,15 +17,12 @@ from engine_lib.config import PairTokenizerConfig
 from engine_lib.options import RerankOptions
 from engine_lib.tokenization.pairs import PairTokenizer
 from gateway.api import openai
-from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_args
 from gateway.engine import routing
 from gateway.http.protocol import limited_protocol
-from rose_client.aio import AsyncDispatcher
 from rose_client.aio_stream import ReplicaError
-from rose_client.scheduling import RetryPolicy
+from testing.gateway_app import gateway_client
 
-FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 MODEL = "all-MiniLM-L6-v2"
 
 
@@ -71,16 +67,8 @@ def run(scenario, replica_factory=GatedReplica, reranker=False, **config):
     """`await scenario(client, app, replica)` against the app; the replicas are in process."""
     async def main():
         replica = replica_factory()
-        app = create_app(GatewayConfig(triton=("fake:1",), **config))
-        backend = app.state.gateway.backend
-        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 4, FAST)
-        await backend.dispatcher.start()
-        backend.ready, backend.rerank_ready = {"fake:1": True}, {"fake:1": reranker}
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-                return await asyncio.wait_for(scenario(client, app, replica), 60)  # a hang fails here
-        finally:
-            await backend.dispatcher.close()
+        async with gateway_client(replica.slot, workers=4, reranker=reranker, **config) as (client, app):
+            return await asyncio.wait_for(scenario(client, app, replica), 60)  # a hang fails here
 
     return asyncio.run(main())
 

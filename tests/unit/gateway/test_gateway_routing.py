@@ -3,7 +3,6 @@ replicas that record which Triton model each chunk went to (real servers: test_m
 import asyncio
 import json
 
-import httpx
 import numpy as np
 import pytest
 
@@ -12,10 +11,8 @@ from engine_lib.options import RequestOptions
 from engine_lib.tokenization.text import TextTokenizer
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from rose_client.aio import AsyncDispatcher
-from rose_client.scheduling import RetryPolicy
+from testing.gateway_app import REPLICA, gateway_client
 
-FAST = RetryPolicy(max_attempts=2, base_cooldown_s=0.01, max_cooldown_s=0.02, max_unavailable_s=0.5)
 DEFAULT = "all-MiniLM-L6-v2"
 
 
@@ -60,17 +57,10 @@ def run(scenario, models_file, default_reranker=False, not_ready=()):
     replica = RecordingReplica()
 
     async def main():
-        app = create_app(GatewayConfig(triton=("fake:1",), models_file=models_file))
-        backend = app.state.gateway.backend
-        backend.dispatcher = AsyncDispatcher(["fake:1"], replica.slot, 2, FAST)
-        await backend.dispatcher.start()
-        backend.ready, backend.rerank_ready = {"fake:1": True}, {"fake:1": default_reranker}
-        backend.target_ready = {m: {"fake:1": m not in not_ready} for m in backend.targets}
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-                return await scenario(client)
-        finally:
-            await backend.dispatcher.close()
+        async with gateway_client(replica.slot, reranker=default_reranker, models_file=models_file) as (client, app):
+            backend = app.state.gateway.backend
+            backend.target_ready = {m: {REPLICA: m not in not_ready} for m in backend.targets}
+            return await scenario(client)
 
     return asyncio.run(main()), replica
 
@@ -94,6 +84,7 @@ def test_each_embedder_gets_its_own_encoder_tokenizer_settings_and_limits(models
         ids, lens = tokens.input_ids, tokens.seq_lens
         assert call.model == encoder
         np.testing.assert_array_equal(call.inputs["INPUT_IDS"], ids)  # the route's own template
+        np.testing.assert_array_equal(call.inputs["SEQ_LENS"], lens)
     too_many = {"input": ["a", "b", "c"]}
     assert post("/v1/embeddings", {"model": "e5", **too_many}, models_file)[0].status_code == 413
     assert post("/v1/embeddings", {"model": DEFAULT, **too_many}, models_file)[0].status_code == 200

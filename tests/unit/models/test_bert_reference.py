@@ -7,7 +7,7 @@ from engine_lib.contract import PackedBatch
 from engine_lib.options import RequestOptions
 from engine_lib.runner.model_runner import ModelRunner
 from engine_lib.runner.self_check import MIN_COSINE
-from engine_lib.service.endpoint import normalize_rows
+from engine_lib.service.outputs import normalize_rows
 from engine_lib.tokenization.text import TextTokenizer
 from testing.texts import VARIED_TEXTS
 

@@ -7,8 +7,8 @@ import pytest
 from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.options import RequestOptions
-from engine_lib.service.endpoint import Endpoint, finish_rows
-from engine_lib.service.outputs import EmbeddingOutput
+from engine_lib.service.endpoint import Endpoint
+from engine_lib.service.outputs import EmbeddingOutput, finish_rows
 from rose_wire import EMBEDDINGS
 from testing.fake_engine import FakeEngine, Replies, expected_row, make_service
 

@@ -72,7 +72,7 @@ def test_instruction_only_for_models_that_take_one(folders):
 def test_segment_ids_only_where_the_family_has_them(folders):
     for kind, segments in (("bert", True), ("xlm-roberta", False), ("qwen3", False)):
         tokens = PairTokenizer(folders[kind], PairTokenizerConfig()).encode(QUERY, ["paris"], RerankOptions())
-        ids, lens, types = tokens.input_ids, tokens.seq_lens, tokens.token_types
+        ids, types = tokens.input_ids, tokens.token_types
         assert (types.size == ids.size) if segments else types is None, kind
 
 

@@ -43,7 +43,7 @@ def test_truncation_and_refusal(tokenizer):
     long_text = "word " * 600
     tokens = tokenizer.encode([long_text, "short"], RequestOptions())
     ids, lens = tokens.input_ids, tokens.seq_lens
-    assert lens[0] == 256
+    assert lens[0] == 256 and ids.size == lens.sum()
     with pytest.raises(InputError, match=r"TEXT\[0\] has \d+ tokens, more than the model's maximum of 256"):
         tokenizer.encode([long_text], RequestOptions(truncate=False))
 
