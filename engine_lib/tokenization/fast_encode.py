@@ -8,20 +8,20 @@ thread, with the same ids.
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Sequence
 
 from tokenizers import Encoding, Tokenizer
 
-POOL_MIN_CHARS = 8192  # where the pool's CPU per text meets one-a-call's (128-token texts, batches of 16)
+from engine_lib.tokenization.ascii_path import AsciiPathTokenizer, Input
 
-Input = Union[str, tuple[str, str]]  # a text, or a (first, second) pair
+POOL_MIN_CHARS = 8192  # where the pool's CPU per text meets one-a-call's (128-token texts, batches of 16)
 
 
 def _chars(item: Input) -> int:
     return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
 
 
-def encode_fast(tokenizer: Tokenizer, inputs: Sequence[Input]) -> list[Encoding]:
+def encode_fast(tokenizer: Tokenizer | AsciiPathTokenizer, inputs: Sequence[Input]) -> list[Encoding]:
     """`tokenizer.encode_batch_fast(inputs)` (no character offsets): on the pool from POOL_MIN_CHARS
     characters on, else one input a call."""
     if sum(map(_chars, inputs)) >= POOL_MIN_CHARS:

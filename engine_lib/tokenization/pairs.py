@@ -19,6 +19,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError
 from engine_lib.model_folder import SCORING_ARCHITECTURES, ModelFolder, scoring_architecture
 from engine_lib.options import RerankOptions
+from engine_lib.tokenization.ascii_path import ascii_path
 from engine_lib.tokenization.fast_encode import encode_fast
 from engine_lib.tokenization.long_text import cut_long_text
 from engine_lib.tokenization.text import load_tokenizer
@@ -46,6 +47,7 @@ class PairTokenizer:
         self.segments = int(cfg.get("type_vocab_size", 1) or 1) > 1
         self.max_length = config.max_length or self._folder_max_length(folder)
         self._tok = load_tokenizer(folder)
+        self._encoding = ascii_path(self._tok)  # what tokenizes a batch (`encode_fast`)
         self.instruction = config.instruction or QWEN3_TASK
         if self.style == "yes-no":
             self.prefix = self._tok.encode(QWEN3_PREFIX, add_special_tokens=False).ids
@@ -91,7 +93,7 @@ class PairTokenizer:
                           f"{self.max_length} tokens; shorten the query", field=QUERY)
 
     def _encode_pairs(self, query: str, documents: Sequence[str], options: RerankOptions):
-        encodings = encode_fast(self._tok, [(query, d) for d in documents])  # ids and type ids; no offsets
+        encodings = encode_fast(self._encoding, [(query, d) for d in documents])  # ids and type ids; no offsets
         too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
         if too_long and not options.truncate:
             raise self._too_long(too_long[0], len(encodings[too_long[0]].ids))
@@ -109,7 +111,7 @@ class PairTokenizer:
 
     def _encode_judge(self, query: str, documents: Sequence[str], options: RerankOptions):
         instruction = options.instruction or self.instruction
-        middles = [e.ids for e in encode_fast(self._tok, [judge_text(instruction, query, d) for d in documents])]
+        middles = [e.ids for e in encode_fast(self._encoding, [judge_text(instruction, query, d) for d in documents])]
         too_long = [i for i, m in enumerate(middles) if len(m) > self.budget]
         if too_long and not options.truncate:
             i = too_long[0]

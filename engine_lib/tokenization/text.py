@@ -12,6 +12,7 @@ from engine_lib.contract import RaggedTokens
 from engine_lib.errors import InputError, InputTooLarge
 from engine_lib.model_folder import ModelFolder
 from engine_lib.options import RequestOptions
+from engine_lib.tokenization.ascii_path import ascii_path
 from engine_lib.tokenization.fast_encode import encode_fast
 from engine_lib.tokenization.long_text import cut_long_text
 from engine_lib.tokenization.text_input import decode_texts
@@ -76,9 +77,11 @@ class TextTokenizer:
         self.config = config
         self.max_length = max_length or config.max_length or folder.max_length
         self._full = load_tokenizer(folder)
+        self._encoding = ascii_path(self._full)  # what tokenizes a batch (`encode_fast`)
         self.prefixes = template_prefixes(folder, config)
         self.append_eos_id = self._eos_to_append(folder) if folder.pooling == "lasttoken" else None
-        self._truncating = {direction: self._truncating_tokenizer(folder, direction) for direction in ("right", "left")}
+        self._truncating = {direction: ascii_path(self._truncating_tokenizer(folder, direction))
+                            for direction in ("right", "left")}
 
     def _truncating_tokenizer(self, folder: ModelFolder, direction: str) -> Tokenizer:
         """Truncation of the templated text, special tokens kept (left: its end is kept)."""
@@ -121,7 +124,7 @@ class TextTokenizer:
                                    options.truncation_direction == "left")
                      for texts, options in requests for t in texts]
         extra = self.append_eos_id is not None
-        encodings = [e.ids for e in encode_fast(self._full, templated)]
+        encodings = [e.ids for e in encode_fast(self._encoding, templated)]
         starts = np.cumsum([0] + [len(texts) for texts, _ in requests]).tolist()
         results: list = [None] * len(requests)
         cut: dict[str, list[int]] = {}  # truncation direction -> texts to cut that way
