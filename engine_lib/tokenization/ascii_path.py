@@ -53,18 +53,11 @@ class AsciiPathTokenizer:
 
     def encode_batch_fast(self, inputs: Sequence[Input]) -> list[Encoding]:
         normalized = [self._normalized_input(item) for item in inputs]
-        bare = [i for i, n in enumerate(normalized) if n is not None]
-        if len(bare) == len(normalized):
+        if None not in normalized:
             return self.bare.encode_batch_fast(normalized)
-        if not bare:
-            return self.full.encode_batch_fast(list(inputs))
-        full = [i for i, n in enumerate(normalized) if n is None]
-        encodings: list = [None] * len(normalized)
-        for indices, tokenizer, items in ((bare, self.bare, [normalized[i] for i in bare]),
-                                          (full, self.full, [inputs[i] for i in full])):
-            for i, encoding in zip(indices, tokenizer.encode_batch_fast(items)):
-                encodings[i] = encoding
-        return encodings
+        bare = iter(self.bare.encode_batch_fast([n for n in normalized if n is not None]))
+        full = iter(self.full.encode_batch_fast([item for item, n in zip(inputs, normalized) if n is None]))
+        return [next(full) if n is None else next(bare) for n in normalized]  # in the inputs' order
 
 
 def ascii_path(tokenizer: Tokenizer) -> Tokenizer | AsciiPathTokenizer:
